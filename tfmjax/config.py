@@ -1,0 +1,310 @@
+"""Experiment configuration: frozen dataclasses filled from TOML and overrides.
+
+``load(path, overrides=("model.d_model=128", ...)) -> Experiment``. No config file is
+executed. Every field is validated in ``__post_init__``; a bad value raises
+:class:`ConfigError` with one line naming the field, the value and what is valid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("encoder_decoder", "decoder_only", "encoder_only")
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative", "none")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+ATTENTION_IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
+DTYPES = ("float32", "bfloat16")
+SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message is one line that says how to fix it."""
+
+
+def _require(ok: bool, field: str, value: Any, valid: str) -> None:
+    if not ok:
+        raise ConfigError(f"{field}={value!r} is invalid: {valid}")
+
+
+def _one_of(field: str, value: Any, options: tuple) -> None:
+    _require(value in options, field, value, f"must be one of {', '.join(map(str, options))}")
+
+
+def _positive(section: str, obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None:
+            _require(value > 0, f"{section}.{name}", value, "must be > 0")
+
+
+def _check_types(section: str, obj: Any) -> None:
+    """Check every field against its annotation (int, float, bool, str, optional, dict)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, hint = getattr(obj, f.name), hints[f.name]
+        allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if value is None and type(None) in allowed:
+            continue
+        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(obj, f.name, float(value))
+            continue
+        ok = any(isinstance(value, t) and not (t is int and isinstance(value, bool))
+                 for t in allowed if t is not type(None))
+        names = " or ".join("none" if t is type(None) else t.__name__ for t in allowed)
+        _require(ok, f"{section}.{f.name}", value, f"must be {names}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture. Only ``tfmjax/models/`` reads this."""
+    family: str = "encoder_decoder"
+    vocab_size: int = 32
+    d_model: int = 64
+    num_heads: int = 4
+    num_kv_heads: int | None = None          # None: = num_heads (MHA); 1: MQA; else GQA
+    head_dim: int | None = None              # None: d_model // num_heads
+    d_ff: int = 256
+    num_layers: int = 2                      # encoder layers (and decoder layers by default)
+    num_decoder_layers: int | None = None    # encoder-decoder only; None: = num_layers
+    max_len: int = 256                       # longest sequence the model accepts
+    position: str = "sinusoidal"
+    rope_base: float = 10000.0
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    norm_eps: float = 1e-5
+    activation: str = "relu"
+    use_bias: bool = True
+    tie_embeddings: bool = True
+    scale_embeddings: bool = False           # multiply token embeddings by sqrt(d_model)
+    dropout_rate: float = 0.0                # residual dropout: embeddings and every sublayer output
+    window: int | None = None                # sliding-window attention (past positions seen)
+    attention_impl: str = "auto"
+    scan_layers: bool = True
+    remat: bool = False
+    dtype: str = "float32"                   # compute dtype; parameters stay float32
+    bos_id: int = 1
+
+    def __post_init__(self):
+        _check_types("model", self)
+        _one_of("model.family", self.family, FAMILIES)
+        _one_of("model.position", self.position, POSITIONS)
+        _one_of("model.norm", self.norm, NORMS)
+        _one_of("model.norm_position", self.norm_position, NORM_POSITIONS)
+        _one_of("model.activation", self.activation, ACTIVATIONS)
+        _one_of("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        _one_of("model.dtype", self.dtype, DTYPES)
+        _positive("model", self, "vocab_size", "d_model", "num_heads", "num_kv_heads", "head_dim",
+                  "d_ff", "num_layers", "num_decoder_layers", "max_len", "rope_base",
+                  "relative_buckets", "relative_max_distance", "norm_eps")
+        if self.head_dim is None:
+            _require(self.d_model % self.num_heads == 0, "model.d_model", self.d_model,
+                     f"must be divisible by model.num_heads={self.num_heads} "
+                     "(or set model.head_dim)")
+        _require(self.num_heads % self.kv_heads == 0, "model.num_heads", self.num_heads,
+                 f"must be divisible by model.num_kv_heads={self.kv_heads}")
+        if self.position == "rope":
+            _require(self.head_width % 2 == 0, "model.head_dim", self.head_width,
+                     "RoPE rotates pairs of features, so the head width must be even")
+        _require(0.0 <= self.dropout_rate < 1.0, "model.dropout_rate", self.dropout_rate,
+                 "must be in [0, 1)")
+        if self.window is not None:
+            _require(self.window >= 0, "model.window", self.window, "must be >= 0 or none")
+        _require(0 <= self.bos_id < self.vocab_size, "model.bos_id", self.bos_id,
+                 f"must be a token id in [0, model.vocab_size={self.vocab_size})")
+        if self.family != "encoder_decoder":
+            _require(self.num_decoder_layers is None, "model.num_decoder_layers",
+                     self.num_decoder_layers, "only encoder_decoder models have a separate decoder")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def head_width(self) -> int:
+        return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser and learning-rate schedule."""
+    learning_rate: float = 1e-3              # peak (for inverse_sqrt: a multiplier, 1.0 = paper)
+    schedule: str = "cosine"
+    warmup_steps: int = 100
+    end_learning_rate: float = 0.0
+    decay_fraction: float = 0.1              # wsd: share of steps spent decaying
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-9
+    clip_norm: float | None = 1.0
+    grad_accum_steps: int = 1
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        _check_types("optim", self)
+        _one_of("optim.schedule", self.schedule, SCHEDULES)
+        _positive("optim", self, "learning_rate", "eps", "clip_norm", "grad_accum_steps")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
+        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        _require(0 <= self.end_learning_rate, "optim.end_learning_rate", self.end_learning_rate,
+                 "must be >= 0")
+        for name in ("b1", "b2", "label_smoothing", "decay_fraction"):
+            value = getattr(self, name)
+            _require(0.0 <= value < 1.0, f"optim.{name}", value, "must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Which toy task, its parameters, and the batch size."""
+    task: str = "reverse"
+    task_params: dict = dataclasses.field(default_factory=dict)
+    batch_size: int = 64
+    eval_examples: int = 512
+
+    def __post_init__(self):
+        _check_types("data", self)
+        _positive("data", self, "batch_size", "eval_examples")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The training run: length, seed, where it writes and how often."""
+    steps: int = 1000
+    seed: int = 0
+    workdir: str = ""                        # "": runs/<experiment name>
+    log_every: int = 50
+    eval_every: int = 250
+    checkpoint_every: int = 250
+    keep_checkpoints: int = 3
+    best_metric: str = "exact_match"
+    tensorboard: bool = False
+
+    def __post_init__(self):
+        _check_types("train", self)
+        _positive("train", self, "steps", "log_every", "eval_every", "checkpoint_every",
+                  "keep_checkpoints")
+        _require(self.seed >= 0, "train.seed", self.seed, "must be >= 0")
+
+
+SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "data": DataConfig, "train": TrainConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """Everything one run needs: its name and the four sections."""
+    name: str = "experiment"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+    @property
+    def workdir(self) -> str:
+        return self.train.workdir or f"runs/{self.name}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def _suggest(key: str, options) -> str:
+    close = difflib.get_close_matches(key, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _build_section(section: str, values: dict) -> Any:
+    cls = SECTIONS[section]
+    values = dict(values)
+    base = cls()
+    if section == "model" and "preset" in values:
+        from tfmjax.models.presets import get_preset
+        base = get_preset(values.pop("preset"))
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in names:
+            raise ConfigError(f"unknown key {section}.{key}{_suggest(key, names)}; "
+                              f"valid keys: {', '.join(sorted(names))}")
+    return dataclasses.replace(base, **values)
+
+
+def from_dict(raw: dict, name: str = "experiment") -> Experiment:
+    """Build an :class:`Experiment` from nested dicts (TOML or checkpoint JSON)."""
+    raw = dict(raw)
+    name = raw.pop("name", name)
+    for key in raw:
+        if key not in SECTIONS:
+            raise ConfigError(f"unknown section [{key}]{_suggest(key, SECTIONS)}; "
+                              f"valid sections: {', '.join(SECTIONS)}")
+        if not isinstance(raw[key], dict):
+            raise ConfigError(f"[{key}] must be a table of key = value lines, got {raw[key]!r}")
+    sections = {key: _build_section(key, raw.get(key, {})) for key in SECTIONS}
+    return Experiment(name=name, **sections)
+
+
+def parse_value(text: str) -> Any:
+    """A TOML value (``3``, ``1e-3``, ``true``, ``"s"``), ``none`` for None, else the bare string."""
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(raw: dict, overrides) -> dict:
+    """Apply ``section.key=value`` (or ``section.key.sub=value``) strings to nested dicts."""
+    raw = json.loads(json.dumps(raw))  # deep copy of plain data
+    for item in overrides:
+        path, sep, text = item.partition("=")
+        keys = path.strip().split(".")
+        if not sep or len(keys) < 2 or not all(keys):
+            raise ConfigError(f"override {item!r} must look like section.key=value, "
+                              "for example model.d_model=128")
+        node = raw
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {key} is a value, not a table")
+        node[keys[-1]] = parse_value(text.strip())
+    return raw
+
+
+def load(path: str | Path, overrides=()) -> Experiment:
+    """Read a TOML experiment (never executed) and apply ``section.key=value`` overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist; see configs/ for examples")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    return from_dict(apply_overrides(raw, overrides), name=path.stem)
+
+
+def diff(a: Experiment | dict, b: Experiment | dict, sections=("model",)) -> list[str]:
+    """Readable ``section.key: a != b`` lines for the fields that differ."""
+    a = a.to_dict() if isinstance(a, Experiment) else a
+    b = b.to_dict() if isinstance(b, Experiment) else b
+    lines = []
+    for section in sections:
+        sa, sb = a.get(section, {}), b.get(section, {})
+        for key in sorted(set(sa) | set(sb)):
+            if sa.get(key) != sb.get(key):
+                lines.append(f"{section}.{key}: {sa.get(key)!r} != {sb.get(key)!r}")
+    return lines

@@ -1,0 +1,58 @@
+"""Multi-digit addition: "1 2 3 + 4 5" -> "1 6 8" (or "8 6 1" with reversed_answer)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tfmjax.data.base import Example, Task, check_int
+from tfmjax.data.vocab import Vocab
+
+_DIGITS = [str(d) for d in range(10)]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdditionTask(Task):
+    """a + b for non-negative decimal integers, one token per digit.
+
+    Source: digits of a (most significant first, no leading zeros), "+", digits
+    of b; in-distribution a, b are uniform in [0, 10**num_digits). Target: the
+    digits of a + b, most significant first, or least significant first when
+    `reversed_answer` (the carry-friendly order; operands stay most significant
+    first). Length split: both operands have num_digits+1 .. 2*num_digits digits.
+    """
+
+    num_digits: int = 3
+    reversed_answer: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("addition", "num_digits", self.num_digits, 1)
+        if not isinstance(self.reversed_answer, bool):
+            raise ValueError(f"task {self.name!r}: reversed_answer must be a bool, got {self.reversed_answer!r}")
+        object.__setattr__(self, "vocab", Vocab(_DIGITS + ["+"]))
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "addition_reversed" if self.reversed_answer else "addition"
+
+    def _operand(self, rng: np.random.Generator, long: bool) -> int:
+        if long:  # exactly d digits, d uniform in (num_digits, 2 * num_digits]
+            d = int(rng.integers(self.num_digits + 1, 2 * self.num_digits + 1))
+            digits = [int(rng.integers(1, 10))] + rng.integers(0, 10, size=d - 1).tolist()
+        else:  # uniform in [0, 10**num_digits), built digit-wise so any num_digits works
+            digits = rng.integers(0, 10, size=self.num_digits).tolist()
+        return int("".join(map(str, digits)))
+
+    def _digits(self, n: int) -> list[int]:
+        return [self.vocab.token_id(c) for c in str(n)]
+
+    def _generate(self, rng: np.random.Generator, long: bool) -> Example:
+        a, b = self._operand(rng, long), self._operand(rng, long)
+        source = self._digits(a) + [self.vocab.token_id("+")] + self._digits(b)
+        target = self._digits(a + b)
+        return source, target[::-1] if self.reversed_answer else target
+
+    def _max_lengths(self, long: bool) -> tuple[int, int]:
+        d = 2 * self.num_digits if long else self.num_digits
+        return 2 * d + 1, d + 1

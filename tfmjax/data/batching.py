@@ -1,0 +1,128 @@
+"""Deterministic, fixed-shape batches: a batch is a pure function of (task, seed, step, split).
+
+Families (B = batch_size, S/T = widths from `batch_widths`, fixed per task and split):
+  "encoder_decoder": inputs  int32 [B, S] = source + EOS, then PAD (0);
+                     targets int32 [B, T] = target + EOS, then PAD.
+                     The model prepends BOS to targets (shift right) itself.
+  "decoder_only":    tokens     int32   [B, T] = source + SEP + target + EOS, then PAD;
+                     loss_mask  float32 [B, T] = 1.0 on target tokens and that EOS only;
+                     prompt_len int32   [B]    = len(source) + 1 (prompt incl. SEP).
+                     The model predicts tokens[:, t] from BOS + tokens[:, :t].
+Widths depend only on (task, split); "train" and "eval" share them, so switching
+between them never triggers a recompile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from tfmjax.data.base import SPLITS, Example, Task
+from tfmjax.data.vocab import EOS_ID, PAD_ID, SEP_ID
+
+FAMILIES: tuple[str, ...] = ("encoder_decoder", "decoder_only")
+_SPLIT_CODES = {name: i for i, name in enumerate(SPLITS)}  # train 0, eval 1, length 2
+
+Batch = dict[str, np.ndarray]
+
+
+def _check_family(family: str) -> None:
+    if family == "encoder_only":
+        raise ValueError(
+            "family 'encoder_only' has no seq2seq batches; use 'encoder_decoder' or 'decoder_only'"
+        )
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r} (valid families: {', '.join(FAMILIES)})")
+
+
+def _check_int_arg(name: str, value: int, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+
+
+def batch_widths(task: Task, *, family: str, split: str = "train") -> dict[str, int]:
+    """Padded sequence widths per batch key, e.g. {"inputs": S, "targets": T}."""
+    _check_family(family)
+    src, tgt = task.max_source_len(split) + 1, task.max_target_len(split) + 1  # + EOS / + SEP
+    if family == "encoder_decoder":
+        return {"inputs": src, "targets": tgt}
+    return {"tokens": src + tgt}
+
+
+def collate(task: Task, examples: Sequence[Example], *, family: str, split: str = "train") -> Batch:
+    """(source, target) pairs -> padded numpy batch of `family` (see module docstring)."""
+    widths = batch_widths(task, family=family, split=split)
+    b = len(examples)
+    max_src, max_tgt = task.max_source_len(split), task.max_target_len(split)
+    for source, target in examples:
+        if len(source) > max_src or len(target) > max_tgt:
+            raise ValueError(
+                f"task {task.name!r}: example ({len(source)}, {len(target)}) tokens exceeds "
+                f"declared max lengths for split {split!r}"
+            )
+    if family == "encoder_decoder":
+        inputs = np.full((b, widths["inputs"]), PAD_ID, np.int32)
+        targets = np.full((b, widths["targets"]), PAD_ID, np.int32)
+        for i, (source, target) in enumerate(examples):
+            inputs[i, : len(source) + 1] = source + [EOS_ID]
+            targets[i, : len(target) + 1] = target + [EOS_ID]
+        return {"inputs": inputs, "targets": targets}
+    tokens = np.full((b, widths["tokens"]), PAD_ID, np.int32)
+    loss_mask = np.zeros((b, widths["tokens"]), np.float32)
+    prompt_len = np.zeros((b,), np.int32)
+    for i, (source, target) in enumerate(examples):
+        p, n = len(source) + 1, len(source) + len(target) + 2
+        tokens[i, :n] = source + [SEP_ID] + target + [EOS_ID]
+        loss_mask[i, p:n] = 1.0
+        prompt_len[i] = p
+    return {"tokens": tokens, "loss_mask": loss_mask, "prompt_len": prompt_len}
+
+
+def make_batch(
+    task: Task, *, family: str, batch_size: int, seed: int, step: int, split: str = "train"
+) -> Batch:
+    """Batch number `step` of the stream `seed`: same args -> identical arrays, no global state."""
+    _check_family(family)
+    task.check_split(split)
+    _check_int_arg("batch_size", batch_size, 1)
+    _check_int_arg("seed", seed, 0)
+    _check_int_arg("step", step, 0)
+    rng = np.random.default_rng([int(seed), int(step), _SPLIT_CODES[split]])
+    examples = [task.sample(rng, split) for _ in range(batch_size)]
+    return collate(task, examples, family=family, split=split)
+
+
+def iterate_batches(
+    task: Task, *, family: str, batch_size: int, seed: int, start_step: int = 0, split: str = "train"
+) -> Iterator[Batch]:
+    """Endless make_batch(step) for step = start_step, start_step + 1, ... (resumable)."""
+    step = start_step
+    while True:
+        yield make_batch(task, family=family, batch_size=batch_size, seed=seed, step=step, split=split)
+        step += 1
+
+
+def eval_batches(
+    task: Task, *, family: str, batch_size: int, num_examples: int, seed: int = 0, split: str = "eval"
+) -> list[Batch]:
+    """A fixed list of ceil(num_examples / batch_size) full batches (num_examples rounds up,
+    so every batch has shape [batch_size, ...] and no example mask is needed)."""
+    _check_int_arg("batch_size", batch_size, 1)
+    _check_int_arg("num_examples", num_examples, 1)
+    n = -(-num_examples // batch_size)
+    return [
+        make_batch(task, family=family, batch_size=batch_size, seed=seed, step=step, split=split)
+        for step in range(n)
+    ]
+
+
+def split_prompt_answer(tokens: Sequence[int] | np.ndarray, prompt_len: int) -> tuple[list[int], list[int]]:
+    """One decoder-only row -> (source ids, answer ids): drops SEP, stops before EOS/PAD."""
+    row = [int(t) for t in tokens]
+    answer = []
+    for t in row[prompt_len:]:
+        if t in (EOS_ID, PAD_ID):
+            break
+        answer.append(t)
+    return row[: max(prompt_len - 1, 0)], answer

@@ -1,0 +1,104 @@
+"""One attention entry point over several implementations (see DESIGN.md).
+
+``attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window,
+alibi_slopes, bias, q_offset, scale, impl)`` with ``q [B,T,N,H]`` and
+``k, v [B,S,K,H]`` (K divides N) returns ``[B,T,N,H]``. Every ``impl`` has the
+semantics of ``impl="reference"``; :func:`choose_impl` says what ``"auto"`` picks.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+
+import jax
+
+IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
+
+# Module holding each implementation's ``attention`` function (imported lazily).
+_MODULES = {
+    "reference": "tfmjax.kernels.reference",
+    "xla": "tfmjax.kernels.xla",
+    "blockwise": "tfmjax.kernels.blockwise",
+    "pallas": "tfmjax.kernels.pallas_attention",
+}
+
+# Key length from which "auto" prefers the blockwise path on CPU (see bench/attention.py).
+BLOCKWISE_MIN_LEN_CPU = 1024
+
+
+def choose_impl(impl: str, *, q_len: int, kv_len: int, has_bias: bool = False,
+                backend: str | None = None) -> str:
+    """The concrete implementation that ``impl`` resolves to for these shapes."""
+    if impl not in IMPLS:
+        raise ValueError(f"attention impl={impl!r} is not one of {IMPLS}")
+    if impl != "auto":
+        return impl
+    if has_bias:
+        return "xla"   # a dense bias is the reference paths' escape hatch
+    backend = backend or jax.default_backend()
+    if backend in ("gpu", "cuda", "rocm", "tpu") and _pallas_available():
+        return "pallas"
+    if max(q_len, kv_len) >= BLOCKWISE_MIN_LEN_CPU and _available("blockwise"):
+        return "blockwise"
+    return "xla"
+
+
+def _available(name: str) -> bool:
+    try:
+        importlib.import_module(_MODULES[name])
+    except ImportError:
+        return False
+    return True
+
+
+def _pallas_available() -> bool:
+    return _available("pallas")
+
+
+def _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window):
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"attention wants q [B,T,N,H] and k, v [B,S,K,H]; got ranks "
+                         f"{q.ndim}, {k.ndim}, {v.ndim}")
+    B, T, N, H = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != H:
+        raise ValueError(f"k {k.shape} and v {v.shape} must both be [B={B}, S, K, H={H}]")
+    if N % k.shape[2]:
+        raise ValueError(f"query heads N={N} must be a multiple of key/value heads K={k.shape[2]}")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("pass both q_segment_ids and kv_segment_ids, or neither")
+    if q_segment_ids is not None and (q_segment_ids.shape != (B, T)
+                                      or kv_segment_ids.shape != (B, k.shape[1])):
+        raise ValueError(f"segment ids must be q [B={B}, T={T}] and kv [B={B}, S={k.shape[1]}]; "
+                         f"got {q_segment_ids.shape} and {kv_segment_ids.shape}")
+    if alibi_slopes is not None and alibi_slopes.shape != (N,):
+        raise ValueError(f"alibi_slopes must have shape [N={N}], got {alibi_slopes.shape}")
+    if bias is not None and (bias.ndim != 4 or bias.shape[-2:] != (T, k.shape[1])):
+        raise ValueError(f"bias must be [B|1, N|1, T={T}, S={k.shape[1]}], got {bias.shape}")
+    if window is not None and window < 0:
+        raise ValueError(f"window={window} must be >= 0 (or None for no window)")
+
+
+def attention(q, k, v, *, causal: bool = False, q_segment_ids=None, kv_segment_ids=None,
+              window: int | None = None, alibi_slopes=None, bias=None, q_offset=0,
+              scale: float | None = None, impl: str = "auto"):
+    """Attention of ``q [B,T,N,H]`` over ``k, v [B,S,K,H]``; returns ``[B,T,N,H]``.
+
+    ``causal``: query at absolute position ``q_offset + t`` sees keys ``s <= q_offset + t``.
+    ``q_segment_ids [B,T]``, ``kv_segment_ids [B,S]``: attend only within equal, non-zero ids
+    (0 = padding). ``window``: how many past (and, if not causal, future) positions a query
+    sees. ``alibi_slopes [N]``: adds ``-slope * |p - s|``. ``bias [B|1,N|1,T,S]``: added to
+    the scores. ``scale`` defaults to ``1/sqrt(H)``. Rows that see nothing return zeros.
+    """
+    _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window)
+    name = choose_impl(impl, q_len=q.shape[1], kv_len=k.shape[1], has_bias=bias is not None)
+    if bias is not None and name in ("blockwise", "pallas"):
+        raise ValueError(f"impl={name!r} takes structured masks only; a dense bias needs "
+                         "impl='xla' or 'reference'")
+    fn = importlib.import_module(_MODULES[name]).attention
+    return fn(q, k, v, causal=causal, q_segment_ids=q_segment_ids,
+              kv_segment_ids=kv_segment_ids, window=window, alibi_slopes=alibi_slopes,
+              bias=bias, q_offset=q_offset,
+              scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+__all__ = ["attention", "choose_impl", "IMPLS", "BLOCKWISE_MIN_LEN_CPU"]

@@ -1,0 +1,84 @@
+"""Multi-head attention module for self- and cross-attention (MHA, GQA, MQA).
+
+Projections: ``query [D,N,H]``, ``key``/``value [D,K,H]``, ``out [N,H,D]`` (K = N: MHA,
+1 < K < N: GQA, K = 1: MQA; seed 000 §2.4, §6.6). The attention math is
+:func:`tfmjax.kernels.attention`; this module adds projections, RoPE and the KV cache.
+
+KV cache (self-attention decoding): a dict ``{"k": [B,S_max,K,H], "v": [B,S_max,K,H],
+"segment_ids": [B,S_max] int32, "index": [] int32}``. New keys and values are written at
+slot ``index``; queries attend causally with ``q_offset = index``.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tfmjax.kernels import attention as attention_fn
+from tfmjax.layers.positions import apply_rope
+
+
+def init_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype=jnp.float32):
+    """An empty self-attention KV cache for one layer."""
+    return {"k": jnp.zeros((batch, max_len, num_kv_heads, head_dim), dtype),
+            "v": jnp.zeros((batch, max_len, num_kv_heads, head_dim), dtype),
+            "segment_ids": jnp.zeros((batch, max_len), jnp.int32),
+            "index": jnp.zeros((), jnp.int32)}
+
+
+def _write_cache(cache, k, v, segment_ids):
+    """Write ``k, v [B,T,K,H]`` and ``segment_ids [B,T]`` at slot ``cache["index"]``."""
+    i = cache["index"]
+    return {"k": jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (0, i, 0, 0)),
+            "v": jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (0, i, 0, 0)),
+            "segment_ids": jax.lax.dynamic_update_slice(cache["segment_ids"], segment_ids, (0, i)),
+            "index": i + k.shape[1]}
+
+
+class MultiHeadAttention(nn.Module):
+    """``x [B,T,D]`` (and ``context [B,S,D]`` for cross-attention) -> ``[B,T,D]``."""
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    use_bias: bool = True
+    rope_base: float | None = None          # None: no RoPE
+    window: int | None = None
+    impl: str = "auto"
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        dense = lambda features, name, axis=-1: nn.DenseGeneral(
+            features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, name=name)
+        self.query = dense((self.num_heads, self.head_dim), "query")
+        self.key = dense((self.num_kv_heads, self.head_dim), "key")
+        self.value = dense((self.num_kv_heads, self.head_dim), "value")
+        self.out = dense(self.d_model, "out", axis=(-2, -1))
+
+    def project_kv(self, context):
+        """Keys and values ``[B,S,K,H]`` of ``context [B,S,D]`` (no RoPE)."""
+        return self.key(context), self.value(context)
+
+    def __call__(self, x, context=None, *, q_positions, kv_positions=None, q_segment_ids=None,
+                 kv_segment_ids=None, causal=False, alibi_slopes=None, bias=None, cache=None,
+                 kv=None):
+        """Returns ``(out [B,T,D], cache)``.
+
+        ``q_positions [B,T]``/``kv_positions [B,S]``: absolute positions for RoPE.
+        ``kv``: precomputed cross-attention ``(k, v)`` (from :meth:`project_kv`).
+        ``cache``: self-attention KV cache (see module docstring), returned updated.
+        """
+        q = self.query(x)
+        k, v = self.project_kv(x if context is None else context) if kv is None else kv
+        if self.rope_base is not None:
+            q = apply_rope(q, q_positions, self.rope_base)
+            k = apply_rope(k, q_positions if kv_positions is None else kv_positions, self.rope_base)
+        q_offset = 0
+        if cache is not None:
+            q_offset = cache["index"]
+            cache = _write_cache(cache, k, v, q_segment_ids)
+            k, v, kv_segment_ids = cache["k"], cache["v"], cache["segment_ids"]
+        out = attention_fn(q, k, v, causal=causal, q_segment_ids=q_segment_ids,
+                           kv_segment_ids=kv_segment_ids, window=self.window,
+                           alibi_slopes=alibi_slopes, bias=bias, q_offset=q_offset, impl=self.impl)
+        return self.out(out), cache

@@ -1,0 +1,123 @@
+"""Transformer blocks (seed 000 §3-4): encoder / decoder-only, and decoder with cross-attention.
+
+Every sublayer is wrapped by :func:`residual`: pre-norm ``x + f(LN(x))`` or post-norm
+``LN(x + f(x))`` (seed 000 §3.3.3), with dropout on the sublayer output.
+Blocks have the signature ``block(x, cache, inputs) -> (x, cache)`` so that
+:class:`tfmjax.layers.stack.LayerStack` can scan over them; ``inputs`` is a
+:class:`BlockInputs` holding what every layer shares (positions, segment ids, ...).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from tfmjax.layers.attention import MultiHeadAttention
+from tfmjax.layers.mlp import FeedForward
+from tfmjax.layers.norms import make_norm
+
+
+class BlockInputs(NamedTuple):
+    """Per-call inputs shared by every layer of a stack (all optional but ``positions``)."""
+    positions: Any                 # [B,T] absolute positions (RoPE)
+    segment_ids: Any = None        # [B,T] 0 = padding
+    alibi_slopes: Any = None       # [N]
+    bias: Any = None               # [1|B, N, T, S] (relative position bias)
+    encoded: Any = None            # [B,S,D] encoder output (cross-attention)
+    encoded_segment_ids: Any = None  # [B,S]
+
+
+class BlockConfig(NamedTuple):
+    """The hyper-parameters a block needs, read from the model config by ``tfmjax.models``."""
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    d_ff: int
+    activation: str = "relu"
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    norm_eps: float = 1e-5
+    use_bias: bool = True
+    dropout_rate: float = 0.0
+    rope_base: float | None = None
+    window: int | None = None
+    attention_impl: str = "auto"
+    dtype: Any = jnp.float32
+
+
+def residual(x, sublayer, norm: nn.Module, *, norm_position: str, dropout: nn.Module,
+             deterministic: bool):
+    """Pre-norm ``x + drop(f(LN(x)))`` or post-norm ``LN(x + drop(f(x)))``; returns (x, aux)."""
+    if norm_position == "pre":
+        y, aux = sublayer(norm(x))
+        return x + dropout(y, deterministic=deterministic), aux
+    y, aux = sublayer(x)
+    return norm(x + dropout(y, deterministic=deterministic)), aux
+
+
+class _Block(nn.Module):
+    cfg: BlockConfig
+    deterministic: bool = True
+
+    def _attention(self, name: str, rope: bool = True) -> MultiHeadAttention:
+        c = self.cfg
+        return MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, c.head_dim, use_bias=c.use_bias,
+                                  rope_base=c.rope_base if rope else None, window=c.window,
+                                  impl=c.attention_impl, dtype=c.dtype, name=name)
+
+    def _sublayer(self, x, fn, name: str):
+        c = self.cfg
+        return residual(x, fn, make_norm(c.norm, c.norm_eps, name=f"{name}_norm"),
+                        norm_position=c.norm_position, dropout=nn.Dropout(c.dropout_rate),
+                        deterministic=self.deterministic)
+
+    def _feed_forward(self, x):
+        c = self.cfg
+        ff = FeedForward(c.d_ff, c.activation, c.use_bias, c.dropout_rate, c.dtype, name="mlp")
+        x, _ = self._sublayer(x, lambda h: (ff(h, deterministic=self.deterministic), None), "mlp")
+        return x
+
+
+class SelfAttentionBlock(_Block):
+    """Encoder block (``causal=False``) or decoder-only block (``causal=True``)."""
+    causal: bool = False
+
+    @nn.compact
+    def __call__(self, x, cache, inputs: BlockInputs):
+        attn = self._attention("attention")
+        x, cache = self._sublayer(x, lambda h: attn(
+            h, q_positions=inputs.positions, q_segment_ids=inputs.segment_ids,
+            kv_segment_ids=inputs.segment_ids, causal=self.causal,
+            alibi_slopes=inputs.alibi_slopes, bias=inputs.bias, cache=cache), "attention")
+        return self._feed_forward(x), cache
+
+
+class DecoderBlock(_Block):
+    """Causal self-attention, cross-attention to the encoder output, feed-forward (seed 000 §4.5).
+
+    Decoding cache: ``{"self": <KV cache>, "cross": {"k", "v"}}``; a cache without ``"cross"``
+    gets the encoder's keys and values computed once, here, and stored.
+    """
+
+    @nn.compact
+    def __call__(self, x, cache, inputs: BlockInputs):
+        self_attn = self._attention("attention")
+        x, self_cache = self._sublayer(x, lambda h: self_attn(
+            h, q_positions=inputs.positions, q_segment_ids=inputs.segment_ids,
+            kv_segment_ids=inputs.segment_ids, causal=True, alibi_slopes=inputs.alibi_slopes,
+            bias=inputs.bias, cache=None if cache is None else cache["self"]), "attention")
+        cross = self._attention("cross_attention", rope=False)
+        cross_kv = None
+        if cache is not None:
+            cross_kv = cache.get("cross") or dict(zip("kv", cross.project_kv(inputs.encoded)))
+            cache = {"self": self_cache, "cross": cross_kv}
+            cross_kv = (cross_kv["k"], cross_kv["v"])
+        x, _ = self._sublayer(x, lambda h: cross(
+            h, inputs.encoded, q_positions=inputs.positions, q_segment_ids=inputs.segment_ids,
+            kv_segment_ids=inputs.encoded_segment_ids, kv=cross_kv), "cross_attention")
+        return self._feed_forward(x), cache
+
+
+EncoderBlock = SelfAttentionBlock

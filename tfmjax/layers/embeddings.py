@@ -1,0 +1,24 @@
+"""Token embedding with an optional tied output projection (weight tying, seed 001 §12)."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class TokenEmbedding(nn.Module):
+    """``[V, D]`` table: ``embed(ids [B,T]) -> [B,T,D]``, ``attend(x [B,T,D]) -> logits [B,T,V]``."""
+    vocab_size: int
+    d_model: int
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        self.embedding = self.param("embedding", nn.initializers.normal(1.0),
+                                    (self.vocab_size, self.d_model))
+
+    def __call__(self, ids):
+        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+    def attend(self, x):
+        """Tied output projection: logits = x E^T."""
+        return jnp.einsum("BTD,VD->BTV", x, self.embedding.astype(self.dtype),
+                          preferred_element_type=jnp.float32)

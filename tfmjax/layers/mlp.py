@@ -1,0 +1,32 @@
+"""Position-wise feed-forward networks (seed 000 §3.3.2): ReLU, GELU, SwiGLU, GEGLU."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+GATED = {"swiglu": jax.nn.silu, "geglu": lambda x: jax.nn.gelu(x, approximate=False)}
+PLAIN = {"relu": jax.nn.relu, "gelu": lambda x: jax.nn.gelu(x, approximate=False)}
+
+
+class FeedForward(nn.Module):
+    """``W2 act(W1 x + b1) + b2``, or gated ``W2 (act(x Wg) * (x Wu))``. ``[B,T,D] -> [B,T,D]``."""
+    d_ff: int
+    activation: str = "relu"
+    use_bias: bool = True
+    dropout_rate: float = 0.0
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, *, deterministic: bool = True):
+        dense = lambda features, name: nn.Dense(features, use_bias=self.use_bias, dtype=self.dtype,
+                                                name=name)
+        if self.activation in GATED:
+            h = GATED[self.activation](dense(self.d_ff, "gate")(x)) * dense(self.d_ff, "up")(x)
+        elif self.activation in PLAIN:
+            h = PLAIN[self.activation](dense(self.d_ff, "up")(x))
+        else:
+            raise ValueError(f"activation={self.activation!r} is not one of "
+                             f"{', '.join([*PLAIN, *GATED])}")
+        h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+        return dense(x.shape[-1], "down")(h)

@@ -1,0 +1,41 @@
+"""LayerNorm (seed 000 §3.3.1) and RMSNorm, computed in float32."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class LayerNorm(nn.Module):
+    """``gamma * (x - mean) / sqrt(var + eps) + beta`` over the last axis ``D``."""
+    eps: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],))
+        xf = x.astype(jnp.float32)
+        mean = jnp.mean(xf, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+        y = (xf - mean) * jnp.reciprocal(jnp.sqrt(var + self.eps))
+        return (y * scale + bias).astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """``gamma * x / sqrt(mean(x^2) + eps)`` over the last axis ``D`` (no centring, no shift)."""
+    eps: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        xf = x.astype(jnp.float32)
+        y = xf * jnp.reciprocal(jnp.sqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps))
+        return (y * scale).astype(x.dtype)
+
+
+def make_norm(kind: str, eps: float, name: str | None = None) -> nn.Module:
+    """``"layernorm"`` or ``"rmsnorm"``."""
+    if kind == "layernorm":
+        return LayerNorm(eps=eps, name=name)
+    if kind == "rmsnorm":
+        return RMSNorm(eps=eps, name=name)
+    raise ValueError(f"norm={kind!r} is not one of layernorm, rmsnorm")

@@ -1,0 +1,35 @@
+"""Encoder-only transformer with a masked-LM head (BERT family, seed 001).
+
+``model.apply(params, {"tokens": [B,T]})`` returns logits ``[B,T,V]`` at every position
+(bidirectional, no shift). Optional ``segment_ids [B,T]`` and ``positions [B,T]``.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+
+from tfmjax.config import ModelConfig
+from tfmjax.layers.blocks import BlockInputs, EncoderBlock
+from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
+                                  padding_segments, segment_positions)
+
+
+class EncoderOnly(nn.Module):
+    config: ModelConfig
+    deterministic: bool = True
+
+    def setup(self):
+        cfg = self.config
+        self.embedder = Embedder(cfg, name="embed")
+        self.extras = PositionExtras(cfg, bidirectional=True, name="extras")
+        self.stack = make_stack(cfg, EncoderBlock, cfg.num_layers, self.deterministic,
+                                name="encoder")
+        self.head = OutputHead(cfg, name="head")
+
+    def __call__(self, batch):
+        tokens = batch["tokens"]
+        segment_ids = batch.get("segment_ids", padding_segments(tokens))
+        positions = batch.get("positions", segment_positions(segment_ids))
+        slopes, bias = self.extras(tokens.shape[1], tokens.shape[1])
+        x = self.embedder(tokens, positions, deterministic=self.deterministic)
+        x, _ = self.stack(x, None, BlockInputs(positions, segment_ids, slopes, bias))
+        return self.head(x, self.embedder)
