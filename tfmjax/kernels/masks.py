@@ -19,25 +19,24 @@ def allowed(q_pos, kv_pos, *, causal, window, q_seg=None, kv_seg=None):
     ``kv_pos`` and ``kv_seg`` along the key axis (``[..., 1, S]``).
     """
     ok = jnp.ones(jnp.broadcast_shapes(jnp.shape(q_pos), jnp.shape(kv_pos)), bool)
+    if q_seg is not None:
+        ok = ok & (q_seg == kv_seg) & (q_seg != 0)
     if causal:
         ok = ok & (kv_pos <= q_pos)
     if window is not None:
         ok = ok & (jnp.abs(q_pos - kv_pos) <= window)
-    if q_seg is not None:
-        ok = ok & (q_seg == kv_seg) & (q_seg != 0)
     return ok
 
 
 def dense_mask(T, S, *, causal, window=None, q_segment_ids=None, kv_segment_ids=None, q_offset=0):
     """The full mask ``[B|1, 1, T, S]`` (bool, True = attend)."""
-    q_pos = (jnp.arange(T) + q_offset)[:, None]
-    kv_pos = jnp.arange(S)[None, :]
+    q_pos = (jnp.arange(T) + q_offset).reshape(1, 1, T, 1)
+    kv_pos = jnp.arange(S).reshape(1, 1, 1, S)
     q_seg = kv_seg = None
     if q_segment_ids is not None:
         q_seg = q_segment_ids[:, None, :, None]
         kv_seg = kv_segment_ids[:, None, None, :]
-    mask = allowed(q_pos, kv_pos, causal=causal, window=window, q_seg=q_seg, kv_seg=kv_seg)
-    return mask if mask.ndim == 4 else mask[None, None]
+    return allowed(q_pos, kv_pos, causal=causal, window=window, q_seg=q_seg, kv_seg=kv_seg)
 
 
 def alibi_slopes(num_heads: int):

@@ -21,7 +21,7 @@ def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_s
     vf = jnp.repeat(vf, N // K, axis=2)
     scores = jnp.einsum("BTNH,BSNH->BNTS", qf, kf) * scale
     if alibi_slopes is not None:
-        scores = scores + masks.alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))
+        scores = scores + masks.alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))[None]
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
     mask = masks.dense_mask(T, S, causal=causal, window=window, q_segment_ids=q_segment_ids,

@@ -22,7 +22,7 @@ def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_s
     scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * scale
     if alibi_slopes is not None:
         alibi = masks.alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))
-        scores = scores + alibi.reshape(K, G, T, S)
+        scores = scores + alibi.reshape(1, K, G, T, S)
     if bias is not None:
         bias = jnp.broadcast_to(bias, (bias.shape[0], N, T, S)).astype(jnp.float32)
         scores = scores + bias.reshape(bias.shape[0], K, G, T, S)

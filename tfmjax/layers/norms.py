@@ -5,6 +5,11 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 
+def _expand(vector, like):
+    """``[D]`` -> ``[1, ..., 1, D]`` to broadcast explicitly against ``like``."""
+    return vector.reshape((1,) * (like.ndim - 1) + vector.shape)
+
+
 class LayerNorm(nn.Module):
     """``gamma * (x - mean) / sqrt(var + eps) + beta`` over the last axis ``D``."""
     eps: float = 1e-5
@@ -17,7 +22,7 @@ class LayerNorm(nn.Module):
         mean = jnp.mean(xf, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
         y = (xf - mean) * jnp.reciprocal(jnp.sqrt(var + self.eps))
-        return (y * scale + bias).astype(x.dtype)
+        return (y * _expand(scale, y) + _expand(bias, y)).astype(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -29,7 +34,7 @@ class RMSNorm(nn.Module):
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
         xf = x.astype(jnp.float32)
         y = xf * jnp.reciprocal(jnp.sqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps))
-        return (y * scale).astype(x.dtype)
+        return (y * _expand(scale, y)).astype(x.dtype)
 
 
 def make_norm(kind: str, eps: float, name: str | None = None) -> nn.Module:

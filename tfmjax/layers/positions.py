@@ -15,7 +15,7 @@ def sinusoidal(positions, d_model: int, base: float = 10000.0):
     """
     i = jnp.arange(d_model // 2, dtype=jnp.float32)
     omega = base ** (-2.0 * i / d_model)
-    angles = positions[..., None].astype(jnp.float32) * omega
+    angles = positions[..., None].astype(jnp.float32) * omega.reshape((1,) * positions.ndim + (-1,))
     pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)       # [..., T, D/2, 2]
     pe = pe.reshape(*angles.shape[:-1], 2 * (d_model // 2))
     if d_model % 2:
@@ -41,7 +41,7 @@ def apply_rope(x, positions, base: float = 10000.0):
     """
     H = x.shape[-1]
     theta = base ** (-2.0 * jnp.arange(H // 2, dtype=jnp.float32) / H)          # [H/2]
-    angles = positions.astype(jnp.float32)[:, :, None, None] * theta            # [B,T,1,H/2]
+    angles = positions.astype(jnp.float32)[:, :, None, None] * theta[None, None, None]  # [B,T,1,H/2]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], H // 2, 2)
     x0, x1 = pairs[..., 0], pairs[..., 1]

@@ -10,6 +10,7 @@ import flax.linen as nn
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockInputs, SelfAttentionBlock
+from tfmjax.models.checks import check_length
 from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
                                   padding_segments, segment_positions, shift_right)
 
@@ -28,6 +29,7 @@ class DecoderOnly(nn.Module):
 
     def __call__(self, batch):
         tokens = batch["tokens"]
+        check_length(tokens.shape[1], self.config)
         segment_ids = batch.get("segment_ids", padding_segments(tokens))
         positions = batch.get("positions", segment_positions(segment_ids))
         inputs = shift_right(tokens, segment_ids, self.config.bos_id)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockInputs, DecoderBlock, EncoderBlock
+from tfmjax.models.checks import check_length
 from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
                                   padding_segments, segment_positions, shift_right)
 
@@ -36,6 +37,8 @@ class EncoderDecoder(nn.Module):
 
     def __call__(self, batch):
         inputs, targets = batch["inputs"], batch["targets"]
+        check_length(inputs.shape[1], self.config, "inputs")
+        check_length(targets.shape[1], self.config, "targets")
         encoded = self.encode(inputs)
         segment_ids = padding_segments(targets)
         decoder_in = shift_right(targets, segment_ids, self.config.bos_id)

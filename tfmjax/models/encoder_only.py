@@ -9,6 +9,7 @@ import flax.linen as nn
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockInputs, EncoderBlock
+from tfmjax.models.checks import check_length
 from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
                                   padding_segments, segment_positions)
 
@@ -27,6 +28,7 @@ class EncoderOnly(nn.Module):
 
     def __call__(self, batch):
         tokens = batch["tokens"]
+        check_length(tokens.shape[1], self.config)
         segment_ids = batch.get("segment_ids", padding_segments(tokens))
         positions = batch.get("positions", segment_positions(segment_ids))
         slopes, bias = self.extras(tokens.shape[1], tokens.shape[1])

@@ -1,0 +1,53 @@
+"""Input checks at the boundary, on the host (NumPy), before a batch reaches jit.
+
+JAX clamps out-of-range gathers silently, so a bad token id would otherwise train or
+decode on the wrong embedding row without a word. These checks cost microseconds on the
+host and nothing inside the jitted step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tfmjax.config import ModelConfig
+
+TOKEN_KEYS = {"encoder_decoder": ("inputs", "targets"), "decoder_only": ("tokens",),
+              "encoder_only": ("tokens",)}
+
+
+class InputError(ValueError):
+    """A batch the model cannot take; the message is one line that says what and where."""
+
+
+def check_tokens(ids, vocab_size: int, name: str = "tokens") -> None:
+    """Raise :class:`InputError` if any id is outside ``[0, vocab_size)``."""
+    ids = np.asarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise InputError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InputError(f"{name} has token id {int(ids[where])} at index {list(where)} outside "
+                         f"the vocabulary [0, {vocab_size}); check the tokenizer or model.vocab_size")
+
+
+def check_length(length: int, config: ModelConfig, name: str = "tokens") -> None:
+    """Raise :class:`InputError` if a sequence is longer than a learned position table.
+
+    Other position types (sinusoidal, RoPE, ALiBi, relative, none) extrapolate, so any
+    length is accepted; learned positions would silently clamp past ``max_len``.
+    """
+    if config.position == "learned" and length > config.max_len:
+        raise InputError(f"{name} has length {length} but the model takes at most "
+                         f"model.max_len={config.max_len}; shorten the input or raise model.max_len")
+
+
+def check_batch(batch: dict, config: ModelConfig) -> None:
+    """Check every token array of a model batch (ids and lengths)."""
+    for key in TOKEN_KEYS[config.family]:
+        if key not in batch:
+            raise InputError(f"a {config.family} batch needs key {key!r}; got keys {sorted(batch)}")
+        ids = np.asarray(batch[key])
+        if ids.ndim != 2:
+            raise InputError(f"{key} must be [batch, length], got shape {ids.shape}")
+        check_tokens(ids, config.vocab_size, key)
+        check_length(ids.shape[1], config, key)
