@@ -61,10 +61,11 @@ class _Block(nn.Module):
     cfg: BlockConfig
     deterministic: bool = True
 
-    def _attention(self, name: str, rope: bool = True) -> MultiHeadAttention:
+    def _attention(self, name: str, rope: bool = True, window: bool = True) -> MultiHeadAttention:
         c = self.cfg
         return MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, c.head_dim, use_bias=c.use_bias,
-                                  rope_base=c.rope_base if rope else None, window=c.window,
+                                  rope_base=c.rope_base if rope else None,
+                                  window=c.window if window else None,
                                   impl=c.attention_impl, dtype=c.dtype, name=name)
 
     def _sublayer(self, x, fn, name: str):
@@ -108,7 +109,8 @@ class DecoderBlock(_Block):
             h, q_positions=inputs.positions, q_segment_ids=inputs.segment_ids,
             kv_segment_ids=inputs.segment_ids, causal=True, alibi_slopes=inputs.alibi_slopes,
             bias=inputs.bias, cache=None if cache is None else cache["self"]), "attention")
-        cross = self._attention("cross_attention", rope=False)
+        # No RoPE and no sliding window across sequences: encoder slots are not decoder positions.
+        cross = self._attention("cross_attention", rope=False, window=False)
         cross_kv = None
         if cache is not None:
             cross_kv = cache.get("cross") or dict(zip("kv", cross.project_kv(inputs.encoded)))

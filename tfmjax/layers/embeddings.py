@@ -12,7 +12,9 @@ class TokenEmbedding(nn.Module):
     dtype: jnp.dtype = jnp.float32
 
     def setup(self):
-        self.embedding = self.param("embedding", nn.initializers.normal(1.0),
+        # std D^-1/2: tied logits x E^T start O(1) for a normalised x (scale_embeddings
+        # multiplies the inputs back to unit variance, as in Vaswani et al.).
+        self.embedding = self.param("embedding", nn.initializers.normal(self.d_model ** -0.5),
                                     (self.vocab_size, self.d_model))
 
     def __call__(self, ids):
