@@ -1,0 +1,124 @@
+"""Configs are data: TOML + overrides, every field validated with one readable line."""
+import dataclasses
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfmjax import config as C
+from tfmjax.models.checks import InputError, check_batch
+
+BAD = [
+    ({"model": {"d_model": 60, "num_heads": 8}},
+     "model.d_model=60 is invalid: must be divisible by model.num_heads=8"),
+    ({"model": {"num_heads": 4, "num_kv_heads": 3}},
+     "model.num_heads=4 is invalid: must be divisible by model.num_kv_heads=3"),
+    ({"model": {"activation": "swish"}}, "model.activation='swish' is invalid: must be one of relu"),
+    ({"model": {"position": "rotary"}}, "model.position='rotary' is invalid: must be one of"),
+    ({"model": {"position": "rope", "d_model": 12, "num_heads": 4}},
+     "model.head_dim=3 is invalid: RoPE rotates pairs"),
+    ({"model": {"d_ff": 0}}, "model.d_ff=0 is invalid: must be > 0"),
+    ({"model": {"num_layers": -2}}, "model.num_layers=-2 is invalid: must be > 0"),
+    ({"model": {"vocab_size": "32"}}, "model.vocab_size='32' is invalid: must be int"),
+    ({"model": {"dropout_rate": 1.5}}, r"model.dropout_rate=1.5 is invalid: must be in \[0, 1\)"),
+    ({"model": {"norm": "batchnorm"}}, "model.norm='batchnorm' is invalid"),
+    ({"model": {"bos_id": 40, "vocab_size": 32}}, "model.bos_id=40 is invalid"),
+    ({"model": {"family": "decoder_only", "num_decoder_layers": 2}},
+     "only encoder_decoder models have a separate decoder"),
+    ({"model": {"dmodel": 64}}, "unknown key model.dmodel \\(did you mean 'd_model'\\?\\)"),
+    ({"model": {"preset": "gpt-2-small"}}, "model.preset='gpt-2-small' is unknown \\(did you mean 'gpt2-small'\\?\\)"),
+    ({"optim": {"schedule": "cosin"}}, "optim.schedule='cosin' is invalid: must be one of"),
+    ({"optim": {"learning_rate": -1e-3}}, "optim.learning_rate=-0.001 is invalid: must be > 0"),
+    ({"optim": {"b2": 1.0}}, r"optim.b2=1.0 is invalid: must be in \[0, 1\)"),
+    ({"train": {"steps": 0}}, "train.steps=0 is invalid: must be > 0"),
+    ({"data": {"batch_size": True}}, "data.batch_size=True is invalid: must be int"),
+    ({"trian": {"steps": 3}}, r"unknown section \[trian\] \(did you mean 'train'\?\)"),
+]
+
+
+@pytest.mark.parametrize("raw, message", BAD, ids=[m[:40] for _, m in BAD])
+def test_bad_config_gives_one_line(raw, message):
+    with pytest.raises(C.ConfigError, match=message) as info:
+        C.from_dict(raw)
+    assert "\n" not in str(info.value)
+
+
+def test_load_toml_with_preset_and_overrides(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent("""
+        [model]
+        preset = "tiny-llama"
+        num_layers = 3
+        [optim]
+        learning_rate = 3e-4
+        [data]
+        task = "sort"
+        task_params = { max_len = 6 }
+    """))
+    exp = C.load(path, ["model.d_model=128", "model.window=none", "optim.schedule=wsd",
+                        "data.task_params.min_len=2", "train.workdir=\"/tmp/x\""])
+    assert exp.name == "exp"
+    assert (exp.model.family, exp.model.position, exp.model.kv_heads) == ("decoder_only", "rope", 2)
+    assert exp.model.num_layers == 3 and exp.model.d_model == 128 and exp.model.window is None
+    assert exp.optim.learning_rate == 3e-4 and exp.optim.schedule == "wsd"
+    assert exp.data.task_params == {"max_len": 6, "min_len": 2}
+    assert exp.workdir == "/tmp/x"
+
+
+def test_round_trip_through_json():
+    exp = C.from_dict({"model": {"preset": "tiny-gpt2"}}, name="rt")
+    assert C.from_dict(exp.to_dict()) == exp
+
+
+def test_diff_is_readable():
+    a = C.Experiment()
+    b = dataclasses.replace(a, model=dataclasses.replace(a.model, d_model=128))
+    assert C.diff(a, b) == ["model.d_model: 64 != 128"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.d_model", "must look like section.key=value"),
+    ("d_model=3", "must look like section.key=value"),
+])
+def test_bad_overrides(override, message):
+    with pytest.raises(C.ConfigError, match=message):
+        C.apply_overrides({}, [override])
+
+
+def test_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(C.ConfigError, match="does not exist"):
+        C.load(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\nd_model = 3")
+    with pytest.raises(C.ConfigError, match="not valid TOML"):
+        C.load(bad)
+
+
+def test_a_config_file_is_never_executed(tmp_path):
+    path = tmp_path / "evil.toml"
+    path.write_text('[model]\nfamily = "__import__(\'os\').system(\'touch pwned\')"\n')
+    with pytest.raises(C.ConfigError, match="model.family="):
+        C.load(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+MODEL = C.ModelConfig(family="decoder_only", vocab_size=10, position="learned", max_len=8)
+
+
+@pytest.mark.parametrize("batch, message", [
+    ({"tokens": np.array([[1, 2, 10]])}, r"token id 10 at index \[0, 2\] outside the vocabulary \[0, 10\)"),
+    ({"tokens": np.array([[1, -1, 3]])}, r"token id -1 at index \[0, 1\]"),
+    ({"tokens": np.ones((1, 9), np.int32)}, "length 9 but the model takes at most model.max_len=8"),
+    ({"tokens": np.ones((1, 3), np.float32)}, "must be integer token ids"),
+    ({"inputs": np.ones((1, 3), np.int32)}, "needs key 'tokens'"),
+    ({"tokens": np.ones(3, np.int32)}, r"must be \[batch, length\]"),
+])
+def test_bad_batches_are_one_line(batch, message):
+    with pytest.raises(InputError, match=message):
+        check_batch(batch, MODEL)
+
+
+def test_good_batch_passes_and_long_inputs_pass_without_learned_positions():
+    check_batch({"tokens": jnp.array([[0, 9, 3]])}, MODEL)
+    check_batch({"tokens": np.ones((1, 50), np.int32)}, dataclasses.replace(MODEL, position="rope"))
