@@ -63,8 +63,8 @@ class _Block(nn.Module):
 
     def _attention(self, name: str, rope: bool = True, window: bool = True) -> MultiHeadAttention:
         c = self.cfg
-        return MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, c.head_dim, use_bias=c.use_bias,
-                                  rope_base=c.rope_base if rope else None,
+        return MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
+                                  use_bias=c.use_bias, rope_base=c.rope_base if rope else None,
                                   window=c.window if window else None,
                                   impl=c.attention_impl, dtype=c.dtype, name=name)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from tfmjax.config import ModelConfig
@@ -45,8 +46,7 @@ def segment_positions(segment_ids):
     starts = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (1, 0)),
                      constant_values=True)
     start_idx = jnp.where(starts, idx, 0)
-    from jax.lax import cummax
-    return idx - cummax(start_idx, axis=1)
+    return idx - jax.lax.cummax(start_idx, axis=1)
 
 
 def padding_segments(tokens):

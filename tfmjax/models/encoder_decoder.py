@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockInputs, DecoderBlock, EncoderBlock
+from tfmjax.layers.norms import make_norm
 from tfmjax.models.checks import check_length
 from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
                                   padding_segments, segment_positions, shift_right)
@@ -31,7 +32,6 @@ class EncoderDecoder(nn.Module):
         self.decoder = make_stack(cfg, DecoderBlock, cfg.decoder_layers, self.deterministic,
                                   name="decoder")
         if cfg.norm_position == "pre":
-            from tfmjax.layers.norms import make_norm
             self.encoder_norm = make_norm(cfg.norm, cfg.norm_eps, name="encoder_norm")
         self.head = OutputHead(cfg, name="head")
 
