@@ -22,8 +22,13 @@ _MODULES = {
     "pallas": "tfmjax.kernels.pallas_attention",
 }
 
-# Key length from which "auto" prefers the blockwise path on CPU (see bench/attention.py).
-BLOCKWISE_MIN_LEN_CPU = 1024
+# Length from which "auto" prefers the blockwise path on CPU: both T and S must reach it.
+# Measured on a 2-core CPU (N=8, H=64, causal fp32, xla vs blockwise, interleaved medians;
+# bench/attention.py for long T). Speed of blockwise relative to xla: B=1: 1.4-1.6x at
+# T=128..512, 4-6x at T=1024; B=8..32, T=64..256, fwd+bwd: 0.6-1.1x; B=16, T=512:
+# 1.5-2.6x; decoding (T=1..8 against S=512..2048): 0.6-0.8x. Hence 512, on min(T, S):
+# a short query block against a long cache stays on xla.
+BLOCKWISE_MIN_LEN_CPU = 512
 
 
 def choose_impl(impl: str, *, q_len: int, kv_len: int, has_bias: bool = False,
@@ -38,7 +43,7 @@ def choose_impl(impl: str, *, q_len: int, kv_len: int, has_bias: bool = False,
     backend = backend or jax.default_backend()
     if backend in ("gpu", "cuda", "rocm", "tpu") and _pallas_available():
         return "pallas"
-    if max(q_len, kv_len) >= BLOCKWISE_MIN_LEN_CPU and _available("blockwise"):
+    if min(q_len, kv_len) >= BLOCKWISE_MIN_LEN_CPU and _available("blockwise"):
         return "blockwise"
     return "xla"
 

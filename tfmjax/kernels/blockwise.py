@@ -16,8 +16,10 @@ softmax recurrence of §6.5), so no ``T x S`` array ever exists. The result is e
   by block (FlashAttention-2), in one pass: outer loop over query blocks carrying
   ``dK, dV`` for the whole key length, inner loop over the needed key blocks
   carrying the block's ``dQ``. Five matmuls per block pair; residuals are O(T).
-* **GQA / MQA.** The ``G = N / K`` query heads that share a key/value head are
-  batched into the same matmul (``BKGTH,BKSH->BKGTS``): K and V are never repeated.
+* **GQA / MQA.** The ``G = N / K`` query heads that share a key/value head form one
+  group and share its matmuls (``GTH,SH->GTS``): K and V are never repeated. Groups
+  (batch x key/value heads) are processed ``kv_heads_per_step`` at a time, so a score
+  block ``[G, bq, bk]`` stays in cache through the passes XLA makes over it.
 * **Masks and ALiBi** are built per block by :func:`tfmjax.kernels.masks.allowed`
   and :func:`tfmjax.kernels.masks.alibi_bias` from that block's positions.
 * **Ragged lengths.** ``T`` and ``S`` are padded up to the block sizes; padded keys
@@ -45,25 +47,29 @@ MASK_VALUE = -1e30
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    """Query/key block lengths of the forward and the backward pass.
+    """Block lengths of the forward and backward passes, and heads per loop step.
 
-    The defaults were measured with ``bench/attention.py`` on a 2-core CPU
-    (B=1, N=8, H=64): bigger blocks make bigger matmuls, smaller ones waste less
-    on the diagonal of a causal mask. ``None`` backward sizes reuse the forward's.
+    Defaults measured with ``bench/attention.py``-style interleaved runs on a 2-core CPU
+    (B=1, N=8, H=64, causal, T=8192): forward 512x512 and backward 256x512 were the
+    fastest of 128..2048; one key/value head group per step beat 2, 4 and all 8 (its
+    ``[G, bq, bk]`` score block stays in the 2 MiB L2 cache). ``None`` backward sizes
+    reuse the forward's.
     """
     block_q: int = 512
     block_k: int = 512
-    block_q_bwd: int | None = None
-    block_k_bwd: int | None = None
+    block_q_bwd: int | None = 256
+    block_k_bwd: int | None = 512
+    kv_heads_per_step: int = 1
 
     def __post_init__(self):
-        for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
-            value = getattr(self, name)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"BlockSizes.{name}={value!r} must be a positive int")
+                raise ValueError(f"BlockSizes.{f.name}={value!r} must be a positive int")
 
     def backward(self) -> BlockSizes:
-        return BlockSizes(self.block_q_bwd or self.block_q, self.block_k_bwd or self.block_k)
+        return dataclasses.replace(self, block_q=self.block_q_bwd or self.block_q,
+                                   block_k=self.block_k_bwd or self.block_k)
 
 
 # ----------------------------------------------------------------------------------------
@@ -80,6 +86,14 @@ def distance_bounds(causal: bool, window: int | None):
     return dmin, dmax
 
 
+def _floor_div(x, d: int):
+    """``x // d`` for int32 ``x`` and a positive int ``d`` with only ops every Pallas
+    backend lowers (``jnp.floor_divide`` needs ``sign``, which Mosaic TPU only lowers
+    knowing the chip)."""
+    quot = lax.div(x, jnp.int32(d))                       # rounds towards zero
+    return jnp.where(x - quot * d < 0, quot - 1, quot)
+
+
 def block_range(a_lo, a_hi, block: int, num_blocks: int, dmin, dmax, *,
                 num_full: int, full_ok: bool = True):
     """Which blocks of the other axis positions ``a_lo..a_hi`` of this axis need.
@@ -91,7 +105,7 @@ def block_range(a_lo, a_hi, block: int, num_blocks: int, dmin, dmax, *,
     leading blocks hold no padding; ``full_ok=False`` (segment ids) marks every block
     as needing a mask. ``a_lo``, ``a_hi`` may be traced scalars.
     """
-    div = jnp.floor_divide
+    div = _floor_div
     a_lo = jnp.asarray(a_lo, jnp.int32)
     a_hi = jnp.asarray(a_hi, jnp.int32)
     zero, top = jnp.int32(0), jnp.int32(num_blocks)
@@ -116,19 +130,19 @@ def block_mask(q_pos, kv_pos, *, causal, window, q_seg=None, kv_seg=None, kv_len
     return ok
 
 
-def padded_len(length: int, block: int) -> int:
-    return -(-length // block) * block
-
-
 def loop_over_ranges(lo, flo, fhi, hi, body, carry):
-    """``body(j, carry, masked)`` over ``[lo, flo)`` and ``[fhi, hi)`` masked, ``[flo, fhi)`` not."""
+    """``body(j, carry, masked)`` for j in ``[lo, flo)``, ``[flo, fhi)``, ``[fhi, hi)``:
+    the middle range unmasked, the edges masked."""
     carry = lax.fori_loop(lo, flo, functools.partial(body, masked=True), carry)
     carry = lax.fori_loop(flo, fhi, functools.partial(body, masked=False), carry)
     return lax.fori_loop(fhi, hi, functools.partial(body, masked=True), carry)
 
 
 # ----------------------------------------------------------------------------------------
-# The blockwise computation.
+# The blockwise computation. The public layouts are regrouped once so that the loops run
+# over one (batch, key/value head) group at a time: q [B*K, nq, G, bq, H] and
+# k, v [B*K, nk, bk, H]. A group's score block [G, bq, bk] then stays in cache between
+# the passes XLA makes over it (max, exp, sum, matmul).
 
 @dataclasses.dataclass(frozen=True)
 class _Static:
@@ -138,85 +152,77 @@ class _Static:
     scale: float
     q_len: int
     kv_len: int
-    block_q: int
-    block_k: int
-    bwd_block_q: int
-    bwd_block_k: int
+    blocks: BlockSizes
 
 
 @dataclasses.dataclass(frozen=True)
-class _Blocks:
-    """Geometry of one pass: block sizes, block counts, padding."""
+class _Geometry:
+    """Block sizes and counts of one pass, and the regrouping of the public layouts."""
     bq: int
     bk: int
     nq: int
     nk: int
+    K: int
+    G: int
     st: _Static
 
     @classmethod
-    def make(cls, st: _Static, bq: int, bk: int) -> _Blocks:
+    def make(cls, st: _Static, bq: int, bk: int, K: int, G: int) -> _Geometry:
         bq, bk = min(bq, st.q_len), min(bk, st.kv_len)
-        return cls(bq, bk, -(-st.q_len // bq), -(-st.kv_len // bk), st)
+        return cls(bq, bk, -(-st.q_len // bq), -(-st.kv_len // bk), K, G, st)
 
-    @property
-    def kv_padded(self) -> bool:
-        return self.nk * self.bk != self.st.kv_len
+    def group_q(self, x):
+        """``[B,T,N,...]`` -> ``[B*K, nq, G, bq, ...]`` (rows: ``...`` is ``H`` or empty)."""
+        B, T, tail = x.shape[0], x.shape[1], x.shape[3:]
+        x = jnp.pad(x, ((0, 0), (0, self.nq * self.bq - T)) + ((0, 0),) * (x.ndim - 2))
+        x = x.reshape(B, self.nq, self.bq, self.K, self.G, *tail)
+        x = jnp.moveaxis(x, (3, 1, 4, 2), (1, 2, 3, 4))
+        return x.reshape(B * self.K, self.nq, self.G, self.bq, *tail)
 
-    def q_blocks(self, x):
-        """``[B,T,N,H]`` -> ``[nq,B,K,G,bq,H]`` (K, G from ``self.heads``)."""
-        B, T, N, H = x.shape
-        x = jnp.pad(x, ((0, 0), (0, self.nq * self.bq - T), (0, 0), (0, 0)))
-        x = x.reshape(B, self.nq, self.bq, self.heads[0], self.heads[1], H)
-        return x.transpose(1, 0, 3, 4, 2, 5)
+    def ungroup_q(self, x):
+        """Inverse of :meth:`group_q`."""
+        tail = x.shape[4:]
+        B = x.shape[0] // self.K
+        x = x.reshape(B, self.K, self.nq, self.G, self.bq, *tail)
+        x = jnp.moveaxis(x, (1, 2, 3, 4), (3, 1, 4, 2))
+        return x.reshape(B, self.nq * self.bq, self.K * self.G, *tail)[:, :self.st.q_len]
 
-    def q_unblocks(self, x):
-        """``[nq,B,K,G,bq,H]`` -> ``[B,T,N,H]``."""
-        nq, B, K, G, bq, H = x.shape
-        x = x.transpose(1, 0, 4, 2, 3, 5).reshape(B, nq * bq, K * G, H)
-        return x[:, :self.st.q_len]
-
-    def row_blocks(self, x):
-        """``[B,T,N]`` -> ``[nq,B,K,G,bq]``."""
-        B, T, N = x.shape
-        x = jnp.pad(x, ((0, 0), (0, self.nq * self.bq - T), (0, 0)))
-        x = x.reshape(B, self.nq, self.bq, self.heads[0], self.heads[1])
-        return x.transpose(1, 0, 3, 4, 2)
-
-    def row_unblocks(self, x):
-        nq, B, K, G, bq = x.shape
-        return x.transpose(1, 0, 4, 2, 3).reshape(B, nq * bq, K * G)[:, :self.st.q_len]
-
-    def kv_blocks(self, x):
-        """``[B,S,K,H]`` -> ``[nk,B,K,bk,H]``."""
+    def group_kv(self, x):
+        """``[B,S,K,H]`` -> ``[B*K, nk, bk, H]``."""
         B, S, K, H = x.shape
         x = jnp.pad(x, ((0, 0), (0, self.nk * self.bk - S), (0, 0), (0, 0)))
-        return x.reshape(B, self.nk, self.bk, K, H).transpose(1, 0, 3, 2, 4)
+        x = x.reshape(B, self.nk, self.bk, K, H).transpose(0, 3, 1, 2, 4)
+        return x.reshape(B * K, self.nk, self.bk, H)
 
-    def kv_unblocks(self, x):
-        nk, B, K, bk, H = x.shape
-        return x.transpose(1, 0, 3, 2, 4).reshape(B, nk * bk, K, H)[:, :self.st.kv_len]
+    def ungroup_kv(self, x):
+        B = x.shape[0] // self.K
+        x = x.reshape(B, self.K, self.nk * self.bk, x.shape[-1]).transpose(0, 2, 1, 3)
+        return x[:, :self.st.kv_len]
 
-    def seg_blocks(self, seg, length, block, n):
-        """``[B,L]`` segment ids -> ``[n,B,block]``, padded with 0 (= padding)."""
+    def group_seg(self, seg, block, n):
+        """``[B,L]`` segment ids -> ``[B*K, n, block]``, padded with 0 (= padding)."""
         if seg is None:
             return None
-        seg = jnp.pad(seg, ((0, 0), (0, n * block - length)))
-        return seg.reshape(seg.shape[0], n, block).transpose(1, 0, 2)
+        seg = jnp.pad(seg, ((0, 0), (0, n * block - seg.shape[1])))
+        return jnp.repeat(seg.reshape(seg.shape[0], n, block), self.K, axis=0)
 
-    heads: tuple = (1, 1)
-
-    def with_heads(self, K, G):
-        return dataclasses.replace(self, heads=(K, G))
+    def group_slopes(self, slopes, B):
+        """``[N]`` -> ``[B*K, G]``."""
+        if slopes is None:
+            return None
+        return jnp.tile(slopes.astype(jnp.float32).reshape(1, self.K, self.G),
+                        (B, 1, 1)).reshape(B * self.K, self.G)
 
 
 class _Scores:
-    """Scores of one (query block, key block) pair: ``[B,K,G,bq,bk]`` float32."""
+    """Scores of one (query block i, key block j) pair of one group: ``[G, bq, bk]`` f32."""
 
-    def __init__(self, geo: _Blocks, offset, q_seg, kv_seg, slopes):
-        self.geo, self.offset, self.slopes = geo, offset, slopes
-        self.q_seg, self.kv_seg = q_seg, kv_seg      # [nq,B,bq], [nk,B,bk] or None
-        st = geo.st
-        self.dmin, self.dmax = distance_bounds(st.causal, st.window)
+    def __init__(self, geo: _Geometry, offset, q_seg, kv_seg, slopes, prescaled: bool,
+                 k_transposed: bool = False):
+        self.geo, self.offset, self.slopes, self.prescaled = geo, offset, slopes, prescaled
+        self.qk_spec = "GTH,HS->GTS" if k_transposed else "GTH,SH->GTS"
+        self.q_seg, self.kv_seg = q_seg, kv_seg          # [nq, bq], [nk, bk] or None
+        self.dmin, self.dmax = distance_bounds(geo.st.causal, geo.st.window)
 
     def ranges(self, i):
         """Key-block ranges ``lo, flo, fhi, hi`` for query block ``i``."""
@@ -226,36 +232,30 @@ class _Scores:
                            num_full=geo.st.kv_len // geo.bk, full_ok=self.q_seg is None)
 
     def __call__(self, qb, kb, i, j, masked):
-        """Scaled scores, ALiBi added, masked positions at MASK_VALUE; and the mask."""
+        """Scaled scores plus ALiBi, masked entries at MASK_VALUE; and the mask (or None)."""
         geo, st = self.geo, self.geo.st
-        K, G = geo.heads
-        s = jnp.einsum("BKGTH,BKSH->BKGTS", qb, kb, preferred_element_type=jnp.float32)
-        s = s * st.scale
+        s = jnp.einsum(self.qk_spec, qb, kb, preferred_element_type=jnp.float32)
+        if not self.prescaled:
+            s = s * st.scale
         q_pos = self.offset + i * geo.bq + jnp.arange(geo.bq, dtype=jnp.int32)
         kv_pos = j * geo.bk + jnp.arange(geo.bk, dtype=jnp.int32)
         if self.slopes is not None:
-            alibi = masks.alibi_bias(self.slopes, q_pos, kv_pos)          # [N,bq,bk]
-            s = s + alibi.reshape(1, K, G, geo.bq, geo.bk)
+            s = s + masks.alibi_bias(self.slopes, q_pos, kv_pos)          # [G, bq, bk]
         if not masked:
             return s, None
-        q_seg = kv_seg = None
-        if self.q_seg is not None:
-            q_seg = self.q_seg[i][:, None, None, :, None]                # [B,1,1,bq,1]
-            kv_seg = self.kv_seg[j][:, None, None, None, :]              # [B,1,1,1,bk]
-        mask = block_mask(q_pos[None, None, None, :, None], kv_pos[None, None, None, None, :],
-                          causal=st.causal, window=st.window, q_seg=q_seg, kv_seg=kv_seg,
-                          kv_len=st.kv_len if geo.kv_padded else None)
+        q_seg = None if self.q_seg is None else self.q_seg[i][None, :, None]
+        kv_seg = None if self.kv_seg is None else self.kv_seg[j][None, None, :]
+        mask = block_mask(q_pos[None, :, None], kv_pos[None, None, :], causal=st.causal,
+                          window=st.window, q_seg=q_seg, kv_seg=kv_seg,
+                          kv_len=st.kv_len if geo.nk * geo.bk != st.kv_len else None)
         return jnp.where(mask, s, MASK_VALUE), mask
 
 
-def _forward(st: _Static, q, k, v, q_seg, kv_seg, slopes, offset):
-    """Returns ``out [B,T,N,H]`` (q's dtype) and ``lse [B,T,N]`` (float32, +inf if empty)."""
-    B, T, N, H = q.shape
-    K = k.shape[2]
-    geo = _Blocks.make(st, st.block_q, st.block_k).with_heads(K, N // K)
-    scores = _Scores(geo, offset, geo.seg_blocks(q_seg, T, geo.bq, geo.nq),
-                     geo.seg_blocks(kv_seg, st.kv_len, geo.bk, geo.nk), slopes)
-    k_b, v_b = geo.kv_blocks(k), geo.kv_blocks(v)
+def _forward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg, kv_seg,
+                   slopes):
+    """One group: ``q_b [nq,G,bq,H]``, ``k_b [nk,H,bk]``, ``v_b [nk,bk,H]`` -> out, lse
+    ``[nq,G,bq(,H)]``. (K is stored transposed: the QK^T matmul's natural layout.)"""
+    scores = _Scores(geo, offset, q_seg, kv_seg, slopes, prescaled, k_transposed=True)
 
     def q_block(_, xs):
         qb, i = xs
@@ -268,34 +268,31 @@ def _forward(st: _Static, q, k, v, q_seg, kv_seg, slopes, offset):
             if masked:
                 p = jnp.where(mask, p, 0.0)
             alpha = jnp.exp(m - m_new)
-            l = alpha * l + jnp.sum(p, axis=-1)
-            pv = jnp.einsum("BKGTS,BKSH->BKGTH", p.astype(v.dtype), v_b[j],
+            pv = jnp.einsum("GTS,SH->GTH", p.astype(v_b.dtype), v_b[j],
                             preferred_element_type=jnp.float32)
-            return m_new, l, alpha[..., None] * acc + pv
+            return m_new, alpha * l + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
 
         rows = qb.shape[:-1]
         init = (jnp.full(rows, MASK_VALUE, jnp.float32), jnp.zeros(rows, jnp.float32),
                 jnp.zeros(qb.shape, jnp.float32))
         m, l, acc = loop_over_ranges(*scores.ranges(i), body, init)
         seen = l > 0
-        out = acc / jnp.where(seen, l, 1.0)[..., None]
-        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
-        return None, (out.astype(q.dtype), lse)
+        l_safe = jnp.where(seen, l, 1.0)
+        lse = jnp.where(seen, m + jnp.log(l_safe), jnp.inf)
+        return None, ((acc / l_safe[..., None]).astype(q_b.dtype), lse)
 
-    _, (out, lse) = lax.scan(q_block, None, (geo.q_blocks(q), jnp.arange(geo.nq)))
-    return geo.q_unblocks(out), geo.row_unblocks(lse)
+    return lax.scan(q_block, None, (q_b, jnp.arange(geo.nq)))[1]
 
 
-def _backward(st: _Static, res, d_out):
-    q, k, v, q_seg, kv_seg, slopes, offset, out, lse = res
-    B, T, N, H = q.shape
-    K = k.shape[2]
-    geo = _Blocks.make(st, st.bwd_block_q, st.bwd_block_k).with_heads(K, N // K)
-    scores = _Scores(geo, offset, geo.seg_blocks(q_seg, T, geo.bq, geo.nq),
-                     geo.seg_blocks(kv_seg, st.kv_len, geo.bk, geo.nk), slopes)
-    delta = jnp.einsum("BTNH,BTNH->BTN", d_out.astype(jnp.float32), out.astype(jnp.float32))
-    k_b, v_b = geo.kv_blocks(k), geo.kv_blocks(v)
-    dt = q.dtype
+def _backward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg, kv_seg,
+                    slopes, do_b, lse_b, delta_b):
+    """One group: returns ``dq [nq,G,bq,H]`` (unscaled), ``dk, dv [nk,bk,H]`` (float32).
+
+    Outer loop over query blocks carrying dK, dV of the whole key length; inner loop over
+    the key blocks the query block sees, carrying its dQ.
+    """
+    scores = _Scores(geo, offset, q_seg, kv_seg, slopes, prescaled)
+    dt = q_b.dtype
 
     def q_block(dkv, xs):
         qb, dob, lseb, deltab, i = xs
@@ -307,27 +304,61 @@ def _backward(st: _Static, res, d_out):
             p = jnp.exp(s - lseb[..., None])
             if masked:
                 p = jnp.where(mask, p, 0.0)
-            dp = jnp.einsum("BKGTH,BKSH->BKGTS", dob, vb, preferred_element_type=jnp.float32)
+            dp = jnp.einsum("GTH,SH->GTS", dob, vb, preferred_element_type=jnp.float32)
             ds = (p * (dp - deltab[..., None])).astype(dt)
-            dv = dv.at[j].add(jnp.einsum("BKGTS,BKGTH->BKSH", p.astype(dt), dob,
-                                         preferred_element_type=jnp.float32))
-            dk = dk.at[j].add(jnp.einsum("BKGTS,BKGTH->BKSH", ds, qb,
-                                         preferred_element_type=jnp.float32))
-            dq = dq + jnp.einsum("BKGTS,BKSH->BKGTH", ds, kb, preferred_element_type=jnp.float32)
-            return dq, dk, dv
+            f32 = dict(preferred_element_type=jnp.float32)
+            dv = dv.at[j].add(jnp.einsum("GTS,GTH->SH", p.astype(dt), dob, **f32))
+            dk = dk.at[j].add(jnp.einsum("GTS,GTH->SH", ds, qb, **f32))
+            return dq + jnp.einsum("GTS,SH->GTH", ds, kb, **f32), dk, dv
 
         dq, dk, dv = loop_over_ranges(*scores.ranges(i), body,
                                       (jnp.zeros(qb.shape, jnp.float32), *dkv))
         return (dk, dv), dq
 
-    zeros_kv = jnp.zeros(k_b.shape, jnp.float32)
-    xs = (geo.q_blocks(q), geo.q_blocks(d_out.astype(dt)), geo.row_blocks(lse),
-          geo.row_blocks(delta), jnp.arange(geo.nq))
-    (dk, dv), dq = lax.scan(q_block, (zeros_kv, zeros_kv), xs)
-    dq = (geo.q_unblocks(dq) * st.scale).astype(q.dtype)
-    dk = (geo.kv_unblocks(dk) * st.scale).astype(k.dtype)
-    dv = geo.kv_unblocks(dv).astype(v.dtype)
+    zeros = jnp.zeros(k_b.shape, jnp.float32)
+    xs = (q_b, do_b, lse_b, delta_b, jnp.arange(geo.nq))
+    (dk, dv), dq = lax.scan(q_block, (zeros, zeros), xs)
     return dq, dk, dv
+
+
+def _setup(st: _Static, bq: int, bk: int, q, k, v, q_seg, kv_seg, slopes):
+    """Geometry, and the per-group arguments (q scaled when float32)."""
+    B, N, K = q.shape[0], q.shape[2], k.shape[2]
+    geo = _Geometry.make(st, bq, bk, K, N // K)
+    # float32 queries are pre-scaled (saves a pass over every score block); for lower
+    # precisions the scale is applied to the float32 scores instead.
+    prescaled = q.dtype == jnp.float32
+    qs = q * jnp.asarray(st.scale, q.dtype) if prescaled else q
+    groups = (geo.group_q(qs), geo.group_kv(k), geo.group_kv(v),
+              geo.group_seg(q_seg, geo.bq, geo.nq), geo.group_seg(kv_seg, geo.bk, geo.nk),
+              geo.group_slopes(slopes, B))
+    return geo, prescaled, groups
+
+
+def _forward(st: _Static, q, k, v, q_seg, kv_seg, slopes, offset):
+    """``out [B,T,N,H]`` (q's dtype) and ``lse [B,T,N]`` (float32, +inf for empty rows)."""
+    geo, prescaled, groups = _setup(st, st.blocks.block_q, st.blocks.block_k, q, k, v,
+                                    q_seg, kv_seg, slopes)
+    groups = (groups[0], jnp.swapaxes(groups[1], -1, -2)) + groups[2:]     # K as [H, bk]
+    fn = functools.partial(_forward_group, geo, prescaled, offset)
+    out, lse = lax.map(lambda xs: fn(*xs), groups, batch_size=st.blocks.kv_heads_per_step)
+    return geo.ungroup_q(out), geo.ungroup_q(lse)
+
+
+def _backward(st: _Static, res, d_out):
+    q, k, v, q_seg, kv_seg, slopes, offset, out, lse = res
+    bwd = st.blocks.backward()
+    geo, prescaled, groups = _setup(st, bwd.block_q, bwd.block_k, q, k, v, q_seg, kv_seg,
+                                    slopes)
+    delta = jnp.einsum("BTNH,BTNH->BTN", d_out.astype(jnp.float32), out.astype(jnp.float32))
+    extra = (geo.group_q(d_out.astype(q.dtype)), geo.group_q(lse), geo.group_q(delta))
+    fn = functools.partial(_backward_group, geo, prescaled, offset)
+    dq, dk, dv = lax.map(lambda xs: fn(*xs), groups + extra,
+                         batch_size=st.blocks.kv_heads_per_step)
+    dq = (geo.ungroup_q(dq) * st.scale).astype(q.dtype)
+    dk = geo.ungroup_kv(dk)            # = dS^T (scale * q) when q was pre-scaled
+    dk = (dk if prescaled else dk * st.scale).astype(k.dtype)
+    return dq, dk, geo.ungroup_kv(dv).astype(v.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -341,10 +372,9 @@ def _attention_fwd(st, q, k, v, q_seg, kv_seg, slopes, offset):
 
 
 def _attention_bwd(st, res, d_out):
-    dq, dk, dv = _backward(st, res, d_out)
-    q_seg, kv_seg, slopes, offset = res[3:7]
-    zero = lambda x: None if x is None else jnp.zeros_like(x)  # noqa: E731  constants
-    return dq, dk, dv, None, None, zero(slopes), None
+    slopes = res[5]          # slopes, segment ids and offset are constants: no gradient
+    return (*_backward(st, res, d_out), None, None,
+            None if slopes is None else jnp.zeros_like(slopes), None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -359,12 +389,9 @@ def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_s
     if bias is not None:
         raise ValueError("impl='blockwise' takes structured masks only; a dense bias needs "
                          "impl='xla' or 'reference'")
-    bs = block_sizes or BlockSizes()
-    bwd = bs.backward()
     st = _Static(causal=bool(causal), window=None if window is None else int(window),
                  scale=float(scale), q_len=q.shape[1], kv_len=k.shape[1],
-                 block_q=bs.block_q, block_k=bs.block_k,
-                 bwd_block_q=bwd.block_q, bwd_block_k=bwd.block_k)
+                 blocks=block_sizes or BlockSizes())
     if q_segment_ids is not None:
         q_segment_ids = q_segment_ids.astype(jnp.int32)
         kv_segment_ids = kv_segment_ids.astype(jnp.int32)

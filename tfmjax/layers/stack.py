@@ -1,6 +1,9 @@
 """A stack of ``L`` identical blocks, scanned (``nn.scan``) or unrolled, with optional remat.
 
-Blocks have the signature ``block(x, cache, inputs) -> (x, cache)``. Scanned parameters
+Blocks have the signature ``block(x, cache, inputs) -> (x, cache)``. A stack's cache is
+either stacked (leaves with a leading ``[L]`` axis) or a tuple of ``L`` per-layer caches,
+returned in the same form; unrolled stacks update per-layer caches without copying the
+other layers' (what decoding uses). Scanned parameters
 carry a leading ``[L]`` axis under ``layers``; unrolled ones live in ``layer_0 .. layer_{L-1}``.
 :func:`unstack_params` and :func:`stack_params` convert between the two layouts.
 """
@@ -24,18 +27,28 @@ class LayerStack(nn.Module):
     @nn.compact
     def __call__(self, x, cache, inputs):
         block = nn.remat(self.block, prevent_cse=not self.scan) if self.remat else self.block
+        per_layer = isinstance(cache, tuple)   # one cache per layer: updated in place (decoding)
         if self.scan:
             scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True,
                               "dropout": True}, in_axes=(0, nn.broadcast), length=self.num_layers)
-            return scanned(**self.block_kwargs, name="layers")(x, cache, inputs)
+            stacked = jax.tree.map(lambda *cs: jnp.stack(cs), *cache) if per_layer else cache
+            x, stacked = scanned(**self.block_kwargs, name="layers")(x, stacked, inputs)
+            if per_layer:
+                return x, tuple(layer_cache(stacked, i) for i in range(self.num_layers))
+            return x, stacked
         new_cache = []
         for i in range(self.num_layers):
-            layer_cache = None if cache is None else jax.tree.map(lambda c: c[i], cache)
-            x, layer_cache = block(**self.block_kwargs, name=f"layer_{i}")(x, layer_cache, inputs)
-            new_cache.append(layer_cache)
-        if cache is None:
-            return x, None
+            layer = None if cache is None else cache[i] if per_layer else layer_cache(cache, i)
+            x, layer = block(**self.block_kwargs, name=f"layer_{i}")(x, layer, inputs)
+            new_cache.append(layer)
+        if cache is None or per_layer:
+            return x, None if cache is None else tuple(new_cache)
         return x, jax.tree.map(lambda *cs: jnp.stack(cs), *new_cache)
+
+
+def layer_cache(cache, i: int):
+    """Layer ``i``'s cache from a stacked cache (leading axis ``L``) or a tuple of caches."""
+    return cache[i] if isinstance(cache, tuple) else jax.tree.map(lambda c: c[i], cache)
 
 
 def unstack_params(stack_params: dict, num_layers: int) -> dict:

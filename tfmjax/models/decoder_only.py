@@ -10,6 +10,7 @@ import flax.linen as nn
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockInputs, SelfAttentionBlock
+from tfmjax.layers.stack import layer_cache
 from tfmjax.models.checks import check_length
 from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
                                   padding_segments, segment_positions, shift_right)
@@ -39,12 +40,14 @@ class DecoderOnly(nn.Module):
     def forward(self, input_ids, positions, segment_ids, cache=None):
         """Raw forward over already-shifted ``input_ids [B,T]``: returns ``(logits, cache)``.
 
-        With a cache (see :func:`tfmjax.layers.attention.init_cache`, stacked over layers)
+        With a cache (see :func:`tfmjax.layers.attention.init_cache`, stacked over layers or
+        a tuple of per-layer caches)
         the new tokens go to slots ``index .. index+T`` and attend to every filled slot.
         """
         T = input_ids.shape[1]
-        offset = 0 if cache is None else cache["index"][0]
-        kv_len = T if cache is None else cache["k"].shape[2]
+        first = None if cache is None else layer_cache(cache, 0)
+        offset = 0 if cache is None else first["index"]
+        kv_len = T if cache is None else first["k"].shape[1]
         slopes, bias = self.extras(T, kv_len, offset)
         x = self.embedder(input_ids, positions, deterministic=self.deterministic)
         x, cache = self.stack(x, cache, BlockInputs(positions, segment_ids, slopes, bias))

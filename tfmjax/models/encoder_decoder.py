@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockInputs, DecoderBlock, EncoderBlock
+from tfmjax.layers.stack import layer_cache
 from tfmjax.layers.norms import make_norm
 from tfmjax.models.checks import check_length
 from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
@@ -59,11 +60,13 @@ class EncoderDecoder(nn.Module):
         """Decoder over shifted ``input_ids [B,T]`` attending to ``encoded [B,S,D]``.
 
         Returns ``(logits [B,T,V], cache)``; the cache is per layer
-        ``{"self": KV cache, "cross": {"k", "v"}}`` stacked over layers (see DecoderBlock).
+        ``{"self": KV cache, "cross": {"k", "v"}}`` stacked over layers, or a tuple of
+        per-layer caches (see DecoderBlock).
         """
         T = input_ids.shape[1]
-        offset = 0 if cache is None else cache["self"]["index"][0]
-        kv_len = T if cache is None else cache["self"]["k"].shape[2]
+        first = None if cache is None else layer_cache(cache, 0)["self"]
+        offset = 0 if cache is None else first["index"]
+        kv_len = T if cache is None else first["k"].shape[1]
         slopes, bias = self.decoder_extras(T, kv_len, offset)
         x = self.embedder(input_ids, positions, deterministic=self.deterministic)
         inputs = BlockInputs(positions, segment_ids, slopes, bias, encoded,

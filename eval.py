@@ -1,0 +1,45 @@
+"""Evaluate a checkpoint: ``python eval.py WORKDIR_OR_CHECKPOINT [--split eval|length] [--num-examples N]``.
+
+The config is read from the checkpoint. Prints a table and writes ``eval.json`` into the
+workdir. Exit 2 (one line on stderr) for a missing or incompatible checkpoint.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="a workdir (runs/NAME), its checkpoints/ dir or one step dir")
+    parser.add_argument("--split", default="eval", choices=("eval", "length"))
+    parser.add_argument("--num-examples", type=int, default=None, help="default: data.eval_examples")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: data.batch_size")
+    parser.add_argument("--rows", type=int, default=5, help="example rows to show")
+    parser.add_argument("--out", default=None, help="report path (default: WORKDIR/eval.json)")
+    args = parser.parse_args(argv)
+    for name in ("num_examples", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"error: --{name.replace('_', '-')}={value} must be >= 1", file=sys.stderr)
+            return 2
+
+    from tfmjax.config import ConfigError
+    from tfmjax.evaluate import evaluate_checkpoint, format_report
+    from tfmjax.train.checkpoint import CheckpointError
+
+    try:
+        report = evaluate_checkpoint(args.path, split=args.split, num_examples=args.num_examples,
+                                     batch_size=args.batch_size, num_rows=args.rows)
+    except (CheckpointError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path(report["workdir"]) / "eval.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(format_report(report))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

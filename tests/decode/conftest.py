@@ -1,0 +1,48 @@
+"""Shared tiny models for the decoding tests.
+
+Parameters are drawn on the host with NumPy into the shapes ``jax.eval_shape(model.init)``
+reports: compiling ``model.init`` per config would cost more than the test itself. Values are
+scaled so a random model's next-token distributions are spread out (a tied N(0, 1) embedding
+makes it repeat its input with probability ~1), which is what decoding tests need.
+"""
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from tfmjax.models import build, dummy_batch, preset
+
+
+def random_params(model, seed: int = 0, embed_scale: float = 0.2):
+    shapes = jax.eval_shape(model.init, jax.random.key(0), dummy_batch(model.config))
+    rng = np.random.default_rng(seed)
+
+    def draw(path, leaf):
+        name = jax.tree_util.keystr(path)
+        if name.endswith("['scale']"):
+            value = 1.0 + 0.1 * rng.standard_normal(leaf.shape)
+        elif "embed" in name:
+            value = embed_scale * rng.standard_normal(leaf.shape)
+        elif "rel_bias" in name:
+            value = 0.5 * rng.standard_normal(leaf.shape)
+        else:
+            value = 0.2 * rng.standard_normal(leaf.shape)
+        return np.asarray(value, leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny(name: str, overrides: tuple, embed_scale: float, seed: int):
+    cfg = preset(name, **{"vocab_size": 16, "max_len": 32, **dict(overrides)})
+    model = build(cfg)
+    return model, random_params(model, seed, embed_scale)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """``tiny("tiny-gpt2", position="alibi")`` -> (model, params): vocab 16, max_len 32."""
+    def make(name, *, embed_scale=0.2, seed=0, **overrides):
+        return _tiny(name, tuple(sorted(overrides.items())), embed_scale, seed)
+    return make

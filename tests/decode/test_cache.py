@@ -1,0 +1,137 @@
+"""Cached decoding == the full uncached forward, at every step; cache layout and size."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfmjax.decode import (config_kv_cache_bytes, decode_step, full_logits, init_cache,
+                           kv_cache_bytes, left_pad_decoder_prompts, prefill_decoder_only,
+                           prefill_encoder_decoder)
+from tfmjax.decode.prompts import as_right_padded
+
+PREFILL_D = jax.jit(prefill_decoder_only, static_argnums=0, static_argnames="capacity")
+PREFILL_ED = jax.jit(prefill_encoder_decoder, static_argnums=0, static_argnames="capacity")
+STEP = jax.jit(decode_step, static_argnums=0)
+
+# Every positional encoding in both families; GQA, MQA, sliding windows and unrolled layers
+# ride along (each case costs three compiles, so features share cases).
+DECODER_ONLY = [
+    ("tiny-gpt2", {}),                                                  # learned, MHA
+    ("tiny-gpt2", {"position": "sinusoidal", "window": 3, "scan_layers": False}),
+    ("tiny-gpt2", {"position": "alibi", "num_kv_heads": 2}),            # GQA
+    ("tiny-gpt2", {"position": "relative", "num_kv_heads": 1}),         # MQA
+    ("tiny-llama", {"window": 2}),                                      # RoPE, GQA, window
+]
+ENCODER_DECODER = [
+    ("tiny-vaswani", {}),                                               # sinusoidal, post-norm
+    ("tiny-vaswani", {"position": "learned", "norm_position": "pre", "num_kv_heads": 2}),
+    ("tiny-vaswani", {"position": "rope", "num_kv_heads": 1, "window": 2}),
+    ("tiny-vaswani", {"position": "alibi"}),
+    ("tiny-vaswani", {"position": "relative", "window": 2, "scan_layers": False}),
+]
+STEPS = 5
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _ids(cfg, rows):
+    """Prompt rows of mixed lengths (right-padded) and a teacher-forced continuation."""
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(3, cfg.vocab_size, size=n)) for n in rows]
+    continuation = rng.integers(0, cfg.vocab_size, size=(len(rows), STEPS)).astype(np.int32)
+    return as_right_padded(prompts, cfg.vocab_size), continuation
+
+
+@pytest.mark.parametrize("name,overrides", DECODER_ONLY,
+                         ids=[f"{n}-{o}" for n, o in DECODER_ONLY])
+def test_decoder_only_cached_logits_match_full_forward(tiny, name, overrides):
+    model, params = tiny(name, **overrides)
+    cfg = model.config
+    prompts, cont = _ids(cfg, [3, 0, 6, 1])
+    n = (prompts != 0).sum(1)
+    # Reference: right-padded rows [prompt, continuation], one full uncached forward.
+    # The last column is a placeholder: causal logits there never depend on it.
+    tokens = np.zeros((len(n), prompts.shape[1] + STEPS + 1), np.int32)
+    for i, k in enumerate(n):
+        tokens[i, :k], tokens[i, k:k + STEPS], tokens[i, k + STEPS] = prompts[i, :k], cont[i], 1
+    segment_ids = (np.arange(tokens.shape[1])[None] <= (n + STEPS)[:, None]).astype(np.int32)
+    ref = np.asarray(full_logits(model, params, jnp.asarray(tokens), jnp.asarray(segment_ids)))
+    # Cached: left-padded prompt prefilled in one pass, then one token per step.
+    p = left_pad_decoder_prompts(prompts, cfg.bos_id)
+    logits, cache = PREFILL_D(model, params, *map(jnp.asarray, p[:3]),
+                              capacity=p.ids.shape[1] + STEPS)
+    rows = np.arange(len(n))
+    for t in range(STEPS + 1):
+        np.testing.assert_allclose(np.asarray(logits), ref[rows, n + t], **TOL,
+                                   err_msg=f"step {t}")
+        if t < STEPS:
+            logits, cache = STEP(model, params, cache, jnp.asarray(cont[:, t]))
+    np.testing.assert_array_equal(np.asarray(cache.lengths), n + 1 + STEPS)
+
+
+@pytest.mark.parametrize("name,overrides", ENCODER_DECODER,
+                         ids=[f"{n}-{o}" for n, o in ENCODER_DECODER])
+def test_encoder_decoder_cached_logits_match_full_forward(tiny, name, overrides):
+    model, params = tiny(name, **overrides)
+    cfg = model.config
+    inputs, cont = _ids(cfg, [2, 5, 1])
+    ref = np.asarray(full_logits(model, params, jnp.asarray(cont), jnp.ones_like(cont),
+                                 jnp.asarray(inputs)))
+    logits, cache = PREFILL_ED(model, params, jnp.asarray(inputs), capacity=STEPS + 1)
+    assert all("cross" in layer for layer in cache.layers)
+    assert cache.encoded.shape[:2] == inputs.shape
+    cross_before = [layer["cross"]["k"] for layer in cache.layers]
+    for t in range(STEPS):
+        np.testing.assert_allclose(np.asarray(logits), ref[:, t], **TOL, err_msg=f"step {t}")
+        logits, cache = STEP(model, params, cache, jnp.asarray(cont[:, t]))
+    # Cross keys/values were computed once and carried unchanged.
+    for layer, before in zip(cache.layers, cross_before):
+        np.testing.assert_array_equal(np.asarray(layer["cross"]["k"]), np.asarray(before))
+
+
+@pytest.mark.parametrize("name,overrides", [("tiny-gpt2", {}), ("tiny-llama", {}),
+                                            ("tiny-llama", {"num_kv_heads": 1}),
+                                            ("tiny-vaswani", {"num_kv_heads": 2})])
+def test_cache_size_matches_formula_and_pytree(name, overrides):
+    from tfmjax.models import preset
+    cfg = preset(name, **overrides)
+    B, S = 3, 40
+    cache = init_cache(cfg, B, S)
+    L = cfg.num_layers if cfg.family == "decoder_only" else cfg.decoder_layers
+    K, H = cfg.kv_heads, cfg.head_width
+    formula = 2 * B * L * K * S * H * 4           # seed 000 §4.7, float32
+    assert len(cache.layers) == L
+    for sa in cache.self_attention:                # per layer: [B, S_max, K, H]
+        assert sa["k"].shape == sa["v"].shape == (B, S, K, H)
+    assert cache.kv_bytes == formula == kv_cache_bytes(B, L, K, S, H, jnp.float32)
+    assert config_kv_cache_bytes(cfg, B, S) == formula
+    assert cache.nbytes == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
+    assert cache.nbytes == formula + L * B * S * 4 + L * 4 + B * 4   # + segment ids, index, lengths
+    assert sum(sa["k"].nbytes + sa["v"].nbytes for sa in cache.self_attention) == formula
+    if K < cfg.num_heads:                          # GQA / MQA shrink it by N / K
+        full = kv_cache_bytes(B, L, cfg.num_heads, S, H)
+        assert cache.kv_bytes * (cfg.num_heads // K) == full
+
+
+def test_gpt2_small_cache_bytes_without_memory():
+    from tfmjax.models import preset
+    cfg = preset("gpt2-small")
+    cache = jax.eval_shape(lambda: init_cache(cfg, 8, 1024))
+    ks = [layer["k"] for layer in cache.layers]
+    assert len(ks) == 12 and ks[0].shape == (8, 1024, 12, 64)
+    assert sum(2 * k.size * k.dtype.itemsize for k in ks) == config_kv_cache_bytes(cfg, 8, 1024)
+    assert config_kv_cache_bytes(cfg, 8, 1024) == 2 * 8 * 12 * 12 * 1024 * 64 * 4
+
+
+def test_reorder_and_repeat_rows(tiny):
+    model, params = tiny("tiny-vaswani")
+    inputs, _ = _ids(model.config, [2, 5, 1])        # the shapes of a case above: no compile
+    _, cache = PREFILL_ED(model, params, jnp.asarray(inputs), capacity=STEPS + 1)
+    rep = cache.repeat(3)
+    k, rep_k = cache.self_attention[1]["k"], rep.self_attention[1]["k"]
+    assert rep_k.shape[0] == 9 and rep.encoded.shape[0] == 9 and rep.lengths.shape == (9,)
+    assert rep.layers[0]["cross"]["k"].shape[0] == 9
+    np.testing.assert_array_equal(rep_k[3], k[1])
+    back = rep.reorder(jnp.asarray([2, 0, 1, 5, 3, 4, 8, 7, 6]))
+    np.testing.assert_array_equal(back.self_attention[1]["k"][0], rep_k[2])
+    np.testing.assert_array_equal(back.self_attention[1]["k"][3], rep_k[5])
+    assert int(back.index) == int(cache.index) == 1

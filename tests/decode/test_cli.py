@@ -1,0 +1,61 @@
+"""generate_from_text and ``python -m tfmjax.generate WORKDIR --input ...``."""
+import numpy as np
+import pytest
+
+from tfmjax.config import DataConfig, Experiment
+from tfmjax.data import make_task
+from tfmjax.data.vocab import SEP_ID
+from tfmjax.decode import BeamSearch, Greedy, Temperature, TopK, TopP, generate
+from tfmjax.generate import generate_from_text, main, make_strategy, parse_args
+
+TASK_PARAMS = {"max_len": 5, "num_symbols": 6}
+
+
+@pytest.fixture(scope="module")
+def setup(tiny):
+    task = make_task("reverse", **TASK_PARAMS)
+    model, params = tiny("tiny-gpt2", vocab_size=task.vocab.size, seed=1)
+    return task, model, params
+
+
+def test_generate_from_text_is_generate_on_source_sep(setup):
+    task, model, params = setup
+    text = "c a f"
+    out = generate_from_text(model.config, params, task.vocab, text, Greedy(), 6)
+    ids = generate(model, params, [task.vocab.encode(text) + [SEP_ID]], Greedy(), 6).tokens
+    assert out == task.vocab.decode(np.asarray(ids)[0])
+    assert isinstance(out, str) and set(out.split()) <= set(task.vocab.symbols)
+    many = generate_from_text(model.config, params, task.vocab, [text, "b"], BeamSearch(2), 6)
+    assert isinstance(many, list) and len(many) == 2
+    with pytest.raises(ValueError, match="unknown symbol 'z'"):
+        generate_from_text(model.config, params, task.vocab, "a z", Greedy(), 6)
+
+
+def test_cli_loads_checkpoint_and_prints_answers(setup, tmp_path, capsys):
+    from tfmjax.train.checkpoint import Checkpointer
+    task, model, params = setup
+    exp = Experiment(name="cli", model=model.config,
+                     data=DataConfig(task="reverse", task_params=dict(TASK_PARAMS)))
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, {"params": params}, config=exp.to_dict())
+    ckpt.close() if hasattr(ckpt, "close") else ckpt.wait()
+
+    assert main([str(tmp_path), "--input", "c a f", "--input", "b"]) == 0
+    lines = [line.rstrip() for line in capsys.readouterr().out.strip().splitlines()]
+    want = generate_from_text(model.config, params, task.vocab, ["c a f", "b"], Greedy(),
+                              task.max_target_len("eval") + 1)
+    assert lines == [f"c a f -> {want[0]}".rstrip(), f"b -> {want[1]}".rstrip()]
+
+    assert main([str(tmp_path), "--input", "a z"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown symbol 'z'") and "\n" not in err
+
+
+def test_cli_strategies():
+    def strategy(*flags):
+        return make_strategy(parse_args(["wd", "--input", "a", *flags]))
+    assert strategy() == Greedy()
+    assert strategy("--strategy", "top_k", "--top-k", "2", "--temperature", "0.5") == TopK(2, 0.5)
+    assert strategy("--strategy", "top_p", "--top-p", "0.8") == TopP(0.8)
+    assert strategy("--strategy", "temperature", "--temperature", "2") == Temperature(2.0)
+    assert strategy("--strategy", "beam", "--beam-size", "3", "--alpha", "0") == BeamSearch(3, 0.0)

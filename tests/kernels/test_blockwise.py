@@ -1,0 +1,219 @@
+"""impl="blockwise" against the reference (seed pseudo-algorithm 2.5): values and gradients.
+
+Tolerances: float32 inputs, 2e-5 (outputs) and 1e-4 (gradients) max abs error, the
+gap between two float32 summation orders at these sizes; bfloat16 inputs, 2e-2 on
+outputs and 5e-2 on gradients (a few bf16 ulps of O(1) values; both sides round P
+and the output to bf16 at different points).
+"""
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfmjax import kernels
+from tfmjax.kernels import blockwise, masks, reference
+
+BLOCKS = blockwise.BlockSizes(block_q=8, block_k=8, block_q_bwd=4, block_k_bwd=8,
+                              kv_heads_per_step=2)
+TOL = {jnp.float32: (2e-5, 1e-4), jnp.bfloat16: (2e-2, 5e-2)}
+
+
+def make_inputs(B, T, S, N, K, H, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32).astype(dtype)
+    k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
+    v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32).astype(dtype)
+    d_out = jax.random.normal(ks[3], (B, T, N, H), jnp.float32).astype(dtype)
+    return q, k, v, d_out
+
+
+def value_and_grads(fn, q, k, v, d_out, **kw):
+    out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, **kw), q, k, v)
+    return (out, *vjp(d_out))
+
+
+def blockwise_results(q, k, v, d_out, **kw):
+    fn = lambda q, k, v: blockwise.attention(q, k, v, **kw, block_sizes=BLOCKS)  # noqa: E731
+    return jax.jit(lambda *args: value_and_grads(fn, *args))(q, k, v, d_out)
+
+
+def call_kwargs(H, **kw):
+    base = dict(causal=False, q_segment_ids=None, kv_segment_ids=None, window=None,
+                alibi_slopes=None, bias=None, q_offset=0, scale=H ** -0.5)
+    base.update(kw)
+    return base
+
+
+def reference_results(q, k, v, d_out, **kw):
+    fn = lambda q, k, v: reference.attention(q, k, v, **kw)  # noqa: E731
+    return jax.jit(lambda *args: value_and_grads(fn, *args))(q, k, v, d_out)
+
+
+def assert_close(got, want, dtype, names=("out", "dq", "dk", "dv")):
+    tol_out, tol_grad = TOL[dtype]
+    for name, g, w, tol in zip(names, got, want, (tol_out,) + (tol_grad,) * 3):
+        assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        assert np.all(np.isfinite(g)), f"{name} has non-finite values"
+        err = np.max(np.abs(g - w))
+        assert err <= tol, f"{name}: max abs error {err:.2e} > {tol:.0e}"
+
+
+def segments(B, L, spec):
+    """Segment ids from run lengths; ``spec`` is one list of (id, length) per batch row."""
+    ids = np.zeros((B, L), np.int32)
+    for b, runs in enumerate(spec):
+        pos = 0
+        for seg, n in runs:
+            ids[b, pos:pos + n] = seg
+            pos += n
+    return jnp.asarray(ids)
+
+
+# name: (B, T, S, N, K, H, dtype, options)
+CASES = {
+    "mha": (2, 16, 16, 4, 4, 8, jnp.float32, {}),
+    "causal": (2, 16, 16, 4, 4, 8, jnp.float32, dict(causal=True)),
+    "ragged_causal_gqa2": (2, 13, 21, 4, 2, 8, jnp.float32, dict(causal=True)),
+    "t_gt_s_gqa4": (1, 27, 10, 8, 2, 16, jnp.float32, {}),
+    "mqa_causal": (2, 19, 19, 4, 1, 8, jnp.float32, dict(causal=True)),
+    "window_causal": (1, 29, 29, 4, 2, 8, jnp.float32, dict(causal=True, window=5)),
+    "window_bidirectional": (1, 22, 31, 4, 4, 8, jnp.float32, dict(window=6)),
+    "alibi_causal": (1, 20, 20, 4, 2, 8, jnp.float32,
+                     dict(causal=True, alibi_slopes=masks.alibi_slopes(4))),
+    "q_offset_chunk": (1, 5, 23, 4, 2, 8, jnp.float32, dict(causal=True, q_offset=17)),
+    "q_offset_window_alibi": (1, 12, 30, 2, 1, 8, jnp.float32,
+                              dict(causal=True, q_offset=18, window=7,
+                                   alibi_slopes=masks.alibi_slopes(2))),
+    "bf16_causal_gqa2": (2, 24, 24, 4, 2, 16, jnp.bfloat16, dict(causal=True)),
+    "bf16_window_mqa": (1, 21, 21, 4, 1, 16, jnp.bfloat16, dict(causal=True, window=6)),
+    "scale": (1, 9, 12, 2, 2, 8, jnp.float32, dict(scale=0.3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_reference(name):
+    B, T, S, N, K, H, dtype, options = CASES[name]
+    q, k, v, d_out = make_inputs(B, T, S, N, K, H, dtype)
+    kw = call_kwargs(H, **options)
+    want = reference_results(q, k, v, d_out, **kw)
+    assert_close(blockwise_results(q, k, v, d_out, **kw), want, dtype)
+
+
+SEGMENT_CASES = {
+    # Right padding (id 0) in both, different lengths per row.
+    "padding": ([[(1, 10), (0, 3)], [(1, 13)]], [[(1, 15), (0, 6)], [(1, 21)]]),
+    # Packing: several documents per row, left padding in the keys.
+    "packing": ([[(1, 4), (2, 6), (3, 3)], [(5, 7), (6, 6)]],
+                [[(1, 7), (2, 9), (3, 5)], [(0, 3), (5, 10), (6, 8)]]),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind", sorted(SEGMENT_CASES))
+def test_segment_ids(kind, causal):
+    q_spec, kv_spec = SEGMENT_CASES[kind]
+    q, k, v, d_out = make_inputs(2, 13, 21, 4, 2, 8, jnp.float32, seed=1)
+    kw = call_kwargs(8, causal=causal, q_segment_ids=segments(2, 13, q_spec),
+                     kv_segment_ids=segments(2, 21, kv_spec))
+    want = reference_results(q, k, v, d_out, **kw)
+    assert_close(blockwise_results(q, k, v, d_out, **kw), want, jnp.float32)
+
+
+def test_rows_with_nothing_to_see_are_zero_with_finite_grads():
+    # Query segment 0 (padding) and segment 9 (no key has it) see nothing; with causal
+    # and q_offset=0 the first query row of segment 2 sees no key either.
+    B, T, S, N, K, H = 1, 12, 12, 2, 1, 8
+    q, k, v, d_out = make_inputs(B, T, S, N, K, H, jnp.float32, seed=2)
+    q_seg = segments(1, T, [[(1, 3), (9, 3), (2, 4), (0, 2)]])
+    kv_seg = segments(1, S, [[(1, 7), (2, 5)]])
+    kw = call_kwargs(H, causal=True, q_segment_ids=q_seg, kv_segment_ids=kv_seg)
+    out, dq, dk, dv = blockwise_results(q, k, v, d_out, **kw)
+    empty = np.asarray(~masks.dense_mask(T, S, causal=True, q_segment_ids=q_seg,
+                                         kv_segment_ids=kv_seg)[0, 0].any(-1))
+    assert empty.sum() == 6
+    assert np.all(np.asarray(out)[0, empty] == 0)
+    assert np.all(np.asarray(dq)[0, empty] == 0)
+    for g in (out, dq, dk, dv):
+        assert np.all(np.isfinite(np.asarray(g)))
+    want = reference_results(q, k, v, d_out, **kw)
+    np.testing.assert_allclose(out, want[0], atol=2e-5)
+
+
+def test_traced_q_offset():
+    """Decoding passes the cache index as a traced scalar: still exact, still skipping."""
+    B, T, S, N, K, H = 1, 4, 40, 4, 2, 8
+    q, k, v, d_out = make_inputs(B, T, S, N, K, H, jnp.float32, seed=3)
+    kw = call_kwargs(H, causal=True, window=9)
+
+    @jax.jit
+    def run(q, k, v, offset):
+        return value_and_grads(lambda *a, **kw: blockwise.attention(*a, **kw, block_sizes=BLOCKS),
+                               q, k, v, d_out, **{**kw, "q_offset": offset})
+
+    for offset in (0, 13, 36):
+        want = reference_results(q, k, v, d_out, **{**kw, "q_offset": offset})
+        assert_close(run(q, k, v, jnp.int32(offset)), want, jnp.float32)
+
+
+def test_entry_point_and_auto_choice():
+    q, k, v, _ = make_inputs(1, 16, 16, 4, 2, 8, jnp.float32)
+    got = kernels.attention(q, k, v, causal=True, impl="blockwise")
+    want = kernels.attention(q, k, v, causal=True, impl="reference")
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    n = kernels.BLOCKWISE_MIN_LEN_CPU
+    assert kernels.choose_impl("auto", q_len=n, kv_len=n, backend="cpu") == "blockwise"
+    assert kernels.choose_impl("auto", q_len=n // 2, kv_len=n // 2, backend="cpu") == "xla"
+    assert kernels.choose_impl("auto", q_len=1, kv_len=8 * n, backend="cpu") == "xla"  # decode
+
+
+def test_rejects_bias_and_bad_blocks():
+    q, k, v, _ = make_inputs(1, 8, 8, 2, 2, 8, jnp.float32)
+    with pytest.raises(ValueError, match="dense bias"):
+        blockwise.attention(q, k, v, **call_kwargs(8, bias=jnp.zeros((1, 1, 8, 8))))
+    with pytest.raises(ValueError, match="block_q"):
+        blockwise.BlockSizes(block_q=0)
+
+
+def brute_force_ranges(a_lo, a_hi, block, num_blocks, dmin, dmax, length, full_ok):
+    """Which blocks hold a visible pair, and which hold only visible pairs, by brute force."""
+    a = np.arange(a_lo, a_hi + 1)[:, None]
+    needed, full = [], []
+    for b in range(num_blocks):
+        x = np.arange(b * block, b * block + block)[None, :]
+        d = a - x
+        ok = np.ones(d.shape, bool)
+        if dmin is not None:
+            ok &= d >= dmin
+        if dmax is not None:
+            ok &= d <= dmax
+        needed.append(ok.any())      # a block whose visible pairs are all padding may
+        ok &= x < length               # be visited (masked), never skipped wrongly
+        full.append(ok.all() and full_ok)
+    return np.array(needed), np.array(full)
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 5), (False, 3),
+                                           (True, 0), (False, 0)])
+def test_block_range_is_exact(causal, window):
+    """The needed range is exactly the blocks with a visible pair (so skipping never drops
+    work and never does work that is fully masked), and the unmasked range exactly the
+    blocks with only visible pairs."""
+    dmin, dmax = blockwise.distance_bounds(causal, window)
+    grid = itertools.product((4, 8), (29, 32), (4, 8), range(0, 40, 3))
+    for block, length, a_block, start in grid:
+        num_blocks = -(-length // block)
+        a_lo, a_hi = start, start + a_block - 1
+        lo, flo, fhi, hi = (int(x) for x in blockwise.block_range(
+            a_lo, a_hi, block, num_blocks, dmin, dmax, num_full=length // block))
+        needed, full = brute_force_ranges(a_lo, a_hi, block, num_blocks, dmin, dmax, length, True)
+        got_needed = np.zeros(num_blocks, bool)
+        got_needed[lo:hi] = True
+        got_full = np.zeros(num_blocks, bool)
+        got_full[flo:fhi] = True
+        np.testing.assert_array_equal(got_needed, needed, err_msg=f"{start=} {block=} {length=}")
+        np.testing.assert_array_equal(got_full, full, err_msg=f"{start=} {block=} {length=}")

@@ -1,0 +1,108 @@
+"""Greedy decoding agrees with teacher forcing; eval.py reports every field from a checkpoint."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfmjax.config import ModelConfig, from_dict
+from tfmjax.data import EOS_ID, PAD_ID, make_batch, make_task
+from tfmjax.evaluate import answer_targets, evaluate_checkpoint, format_report, greedy_predict
+from tfmjax.models import build
+from tfmjax.train.loop import train
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = make_task("reverse", num_symbols=5, max_len=5)
+
+
+def _teacher_forced_argmax(model, params, batch, family, predictions):
+    """Feed the greedy answers back as targets; the argmax must reproduce them."""
+    if family == "encoder_decoder":
+        forced = {"inputs": batch["inputs"], "targets": predictions}
+        return np.asarray(jnp.argmax(model.apply(params, forced), -1))
+    tokens = np.array(batch["tokens"])
+    W = tokens.shape[1]
+    for i, p in enumerate(batch["prompt_len"]):
+        n = min(predictions.shape[1], W - p)
+        tokens[i, p:p + n] = predictions[i, :n]
+        tokens[i, p + n:] = PAD_ID
+    logits = np.asarray(jnp.argmax(model.apply(params, {"tokens": jnp.asarray(tokens)}), -1))
+    idx = np.minimum(batch["prompt_len"][:, None] + np.arange(predictions.shape[1]), W - 1)
+    return np.take_along_axis(logits, idx, axis=1)
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
+def test_greedy_equals_teacher_forced_argmax(family):
+    cfg = ModelConfig(family=family, vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+                      num_layers=1, tie_embeddings=False)
+    model = build(cfg)
+    batch = make_batch(TASK, family=family, batch_size=8, seed=0, step=0)
+    params = model.init(jax.random.key(1), batch)
+    m = TASK.max_target_len("train") + 1
+    predictions = np.asarray(greedy_predict(model, params, batch, family, m))
+    assert predictions.shape == (8, m)
+    again = _teacher_forced_argmax(model, params, batch, family, predictions)
+    for row, forced in zip(predictions, again):
+        # up to and including the first EOS (after it greedy_predict writes PAD)
+        end = int(np.argmax(row == EOS_ID)) + 1 if (row == EOS_ID).any() else len(row)
+        np.testing.assert_array_equal(row[:end], forced[:end])
+        assert (row[end:] == PAD_ID).all()
+    targets, mask = answer_targets(batch, family, m)
+    assert int(mask.sum()) == int((batch["targets"] != 0).sum() if family == "encoder_decoder"
+                                  else batch["loss_mask"].sum())
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("eval_run")
+    exp = from_dict({
+        "model": {"family": "decoder_only", "vocab_size": 16, "d_model": 16, "num_heads": 2,
+                  "d_ff": 32, "num_layers": 1, "position": "rope"},
+        "optim": {"warmup_steps": 1},
+        "data": {"task": "reverse", "task_params": {"num_symbols": 5, "max_len": 5},
+                 "batch_size": 8, "eval_examples": 8},
+        "train": {"steps": 4, "log_every": 2, "eval_every": 4, "checkpoint_every": 4,
+                  "workdir": str(workdir)},
+    }, name="evaltest")
+    train(exp, progress=False, plot=False, stream=open(os.devnull, "w"))
+    return workdir
+
+
+def test_report_from_checkpoint_has_every_field(trained):
+    report = evaluate_checkpoint(trained / "checkpoints" / "4", split="length", num_examples=10,
+                                 batch_size=4, num_rows=3)
+    assert report["step"] == 4 and report["split"] == "length" and report["num_examples"] == 10
+    for key in ("loss", "perplexity", "token_accuracy", "exact_match"):
+        assert np.isfinite(report[key])
+    assert report["perplexity"] == pytest.approx(np.exp(report["loss"]))
+    assert len(report["examples"]) == 3
+    assert set(report["examples"][0]) == {"input", "prediction", "target", "correct"}
+    assert "exact_match" in format_report(report)
+
+
+def _eval_cli(*args):
+    return subprocess.run([sys.executable, str(ROOT / "eval.py"), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_eval_cli_writes_eval_json(trained):
+    proc = _eval_cli(trained, "--num-examples", 6)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((trained / "eval.json").read_text())
+    expected = {"checkpoint", "workdir", "step", "experiment", "family", "task", "split",
+                "num_examples", "loss", "perplexity", "token_accuracy", "exact_match",
+                "examples", "timing"}
+    assert expected <= set(report)
+    assert report["num_examples"] == 6 and report["experiment"] == "evaltest"
+    assert "exact_match" in proc.stdout
+
+
+def test_eval_cli_missing_checkpoint_exit_2(tmp_path):
+    proc = _eval_cli(tmp_path / "nothing here")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr

@@ -1,0 +1,135 @@
+"""The pure train step: masking, accumulation, dropout keys, the non-finite guard, donation."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tfmjax.config import ModelConfig
+from tfmjax.data import make_batch, make_task
+from tfmjax.models import build
+from tfmjax.train.checkpoint import params_hash
+from tfmjax.train.optimizer import make_optimizer
+from tfmjax.train.schedules import make_schedule
+from tfmjax.train.state import create_state, reset_window
+from tfmjax.train.step import (jit_train_step, make_eval_step, make_train_step, targets_and_mask,
+                               window_means)
+
+TASK = make_task("copy", num_symbols=5, max_len=5)
+
+
+def tiny(family="encoder_decoder", **kw):
+    base = dict(family=family, vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_layers=1,
+                tie_embeddings=False)
+    return ModelConfig(**{**base, **kw})
+
+
+def setup(cfg, *, lr=1e-2, accum=1, smoothing=0.0, batch_size=8):
+    schedule = make_schedule("constant", peak_lr=lr, warmup_steps=0, total_steps=10,
+                             d_model=cfg.d_model)
+    tx = make_optimizer(schedule=schedule, clip_norm=1.0)
+    batch = make_batch(TASK, family=cfg.family, batch_size=batch_size, seed=0, step=0)
+    state = create_state(build(cfg), tx, batch, seed=0)
+    step = make_train_step(build(cfg, deterministic=False), tx, schedule, family=cfg.family,
+                           label_smoothing=smoothing, grad_accum_steps=accum)
+    return state, jit_train_step(step), batch
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
+def test_loss_falls_on_a_fixed_batch(family):
+    state, step, batch = setup(tiny(family))
+    losses = []
+    for _ in range(30):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < 0.5 * losses[0]
+    assert int(state.step) == 30
+    means = window_means(jax.device_get(state.window))
+    assert means["loss"] == pytest.approx(np.mean(losses), rel=0.2)
+
+
+def test_mask_skips_padding_and_prompt():
+    ed = make_batch(TASK, family="encoder_decoder", batch_size=8, seed=0, step=0)
+    do = make_batch(TASK, family="decoder_only", batch_size=8, seed=0, step=0)
+    _, ed_mask = targets_and_mask(ed, "encoder_decoder")
+    _, do_mask = targets_and_mask(do, "decoder_only")
+    # the same examples: the answer (target + EOS) is all that is scored in both families
+    assert float(ed_mask.sum()) == float(do_mask.sum()) == float((ed["targets"] != 0).sum())
+    for i, p in enumerate(do["prompt_len"]):
+        assert float(do_mask[i, :p].sum()) == 0.0
+    cfg = tiny("decoder_only")
+    state, _, _ = setup(cfg)
+    sums = make_eval_step(build(cfg), family="decoder_only")(state.params, do)
+    assert float(sums["tokens"]) == float(do["loss_mask"].sum())
+
+
+def test_grad_accumulation_matches_one_big_batch():
+    cfg = tiny()
+    _, _, batch = setup(cfg)
+    tx = optax.sgd(1.0)  # params move by exactly -grad: compares the gradients themselves
+    state = create_state(build(cfg), tx, batch, seed=0)
+    results = []
+    for k in (1, 2, 4):
+        step = make_train_step(build(cfg, deterministic=False), tx, lambda s: 1.0,
+                               family=cfg.family, grad_accum_steps=k)
+        results.append(jax.jit(step)(state, batch))
+    (s1, m1), *others = results
+    for sk, mk in others:
+        np.testing.assert_allclose(float(m1["loss"]), float(mk["loss"]), rtol=1e-5)
+        np.testing.assert_allclose(float(m1["grad_norm"]), float(mk["grad_norm"]), rtol=1e-5)
+        for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(sk.params)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_label_smoothing_reports_plain_nll():
+    cfg = tiny()
+    s0, step0, batch = setup(cfg, smoothing=0.0)
+    s1, step1, _ = setup(cfg, smoothing=0.1)
+    _, m0 = step0(s0, batch)
+    s1, m1 = step1(s1, batch)
+    assert float(m0["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-6)  # same params: same NLL
+    means = window_means(jax.device_get(s1.window))
+    assert means["smoothed_loss"] > means["loss"]
+
+
+def test_dropout_key_depends_on_step_only():
+    cfg = tiny(dropout_rate=0.3)
+    state, step, batch = setup(cfg)
+    a, _ = step(jax.tree.map(jnp.copy, state), batch)
+    b, _ = step(jax.tree.map(jnp.copy, state), batch)
+    c, _ = step(state.replace(step=jnp.asarray(5, jnp.int32)), batch)
+    assert params_hash(a.params) == params_hash(b.params)
+    assert params_hash(a.params) != params_hash(c.params)
+
+
+def test_non_finite_step_keeps_the_old_state():
+    state, step, batch = setup(tiny())
+    state, _ = step(state, batch)
+    state = reset_window(state)
+    poisoned = jax.tree.map(lambda x: x, state.params)
+    leaf = poisoned["params"]["embed"]["token_embed"]["embedding"]
+    poisoned["params"]["embed"]["token_embed"]["embedding"] = leaf.at[1].set(jnp.nan)  # BOS
+    before = state.replace(params=poisoned)
+    opt_hash = params_hash(before.opt_state)
+    after, metrics = step(jax.tree.map(jnp.copy, before), batch)
+    assert not bool(metrics["finite"])
+    assert params_hash(after.opt_state) == opt_hash
+    for a, b in zip(jax.tree.leaves(after.params), jax.tree.leaves(before.params)):
+        np.testing.assert_array_equal(a, b)
+    assert int(after.step) == 2
+    assert float(after.window["nonfinite"]) == 1.0
+    assert int(after.window["first_nonfinite"]) == 1
+
+
+def test_state_is_donated():
+    state, step, batch = setup(tiny())
+    leaf = jax.tree.leaves(state.params)[0]
+    step(state, batch)
+    assert leaf.is_deleted()
+
+
+def test_bfloat16_compute_keeps_float32_params():
+    state, step, batch = setup(tiny(dtype="bfloat16"))
+    state, metrics = step(state, batch)
+    assert np.isfinite(float(metrics["loss"]))
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}

@@ -1,0 +1,123 @@
+"""The decoding KV cache: a plain pytree the generation loop carries (seed 000 §4.7).
+
+Layout (``L`` decoder layers, ``B`` rows, ``S`` slots, ``K`` key/value heads, ``H`` head width):
+
+* ``layers``: a tuple of ``L`` per-layer caches, the form the model's unrolled layer stack
+  updates in place (a stacked ``[L, ...]`` cache would be sliced and re-stacked, i.e.
+  copied whole, every step). Decoder-only layer: ``{"k", "v": [B,S,K,H],
+  "segment_ids": [B,S], "index": []}`` (see :func:`tfmjax.layers.attention.init_cache`).
+  Encoder-decoder layer: ``{"self": <that>, "cross": {"k", "v": [B,S_enc,K,H]}}``;
+  ``"cross"`` appears after the first decoder call, which projects the encoder output once.
+* ``lengths [B]``: real tokens cached per row (prompt incl. BOS, then one per step); it is
+  also the absolute position of the row's next token.
+* ``encoded [B,S_enc,D]``, ``encoded_segment_ids [B,S_enc]``: encoder output (encoder-decoder
+  only; None for decoder-only), computed once at prefill.
+
+Only the ``K`` key/value heads are stored, so GQA/MQA shrink the cache by ``N/K``. Slots are
+preallocated; a slot with segment id 0 (left padding, or not yet written) is never attended.
+Sliding-window models keep every slot and mask by distance (no ring buffer).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tfmjax.config import ModelConfig
+from tfmjax.layers.attention import init_cache as init_layer_cache
+from tfmjax.models.common import DTYPES
+
+
+def kv_cache_bytes(batch: int, num_layers: int, num_kv_heads: int, max_len: int, head_dim: int,
+                   dtype=jnp.float32) -> int:
+    """Seed 000 §4.7: ``2 · B · L · K · S · H · bytes_per_element`` (keys and values)."""
+    return 2 * batch * num_layers * num_kv_heads * max_len * head_dim * np.dtype(dtype).itemsize
+
+
+def config_kv_cache_bytes(config: ModelConfig, batch: int, max_len: int) -> int:
+    """:func:`kv_cache_bytes` for a model config's decoder self-attention."""
+    layers = config.num_layers if config.family == "decoder_only" else config.decoder_layers
+    return kv_cache_bytes(batch, layers, config.kv_heads, max_len, config.head_width,
+                          DTYPES[config.dtype])
+
+
+def _self_attention(layer: dict) -> dict:
+    return layer["self"] if "self" in layer else layer
+
+
+def _map_rows(layer: dict, fn, everything: bool) -> dict:
+    """``fn(array)`` on a layer's per-row arrays (self-attention only unless ``everything``)."""
+    rows = lambda d: {k: (v if k == "index" else fn(v)) for k, v in d.items()}
+    if "self" not in layer:
+        return rows(layer)
+    out = dict(layer, self=rows(layer["self"]))
+    if everything and "cross" in layer:
+        out["cross"] = rows(layer["cross"])
+    return out
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Decoding state of every decoder layer; see the module docstring for shapes."""
+    layers: tuple
+    lengths: jax.Array
+    encoded: jax.Array | None = None
+    encoded_segment_ids: jax.Array | None = None
+
+    @property
+    def self_attention(self) -> tuple:
+        """Per-layer self-attention caches ``{"k", "v", "segment_ids", "index"}``."""
+        return tuple(_self_attention(layer) for layer in self.layers)
+
+    @property
+    def capacity(self) -> int:
+        """Preallocated slots ``S`` per row."""
+        return self.self_attention[0]["k"].shape[1]
+
+    @property
+    def index(self):
+        """Next slot to write (the same for every row: prompts are left-padded)."""
+        return self.self_attention[0]["index"]
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of the self-attention keys and values (the §4.7 formula's quantity)."""
+        return int(sum(sa["k"].nbytes + sa["v"].nbytes for sa in self.self_attention))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole pytree (keys, values, segment ids, lengths, cross K/V, encoder)."""
+        return int(sum(leaf.nbytes for leaf in jax.tree.leaves(self)))
+
+    def reorder(self, rows) -> "KVCache":
+        """Row ``i`` of the result is row ``rows[i]`` (beam search: follow each beam's parent).
+
+        Only the self-attention part moves: beams only ever take parents of their own batch
+        item, whose encoder output and cross K/V are the same.
+        """
+        take = lambda a: jnp.take(a, rows, axis=0)
+        layers = tuple(_map_rows(layer, take, False) for layer in self.layers)
+        return dataclasses.replace(self, layers=layers, lengths=take(self.lengths))
+
+    def repeat(self, n: int) -> "KVCache":
+        """Each row repeated ``n`` times, consecutively (``[B] -> [B*n]``)."""
+        rep = lambda a: None if a is None else jnp.repeat(a, n, axis=0)
+        return KVCache(layers=tuple(_map_rows(layer, rep, True) for layer in self.layers),
+                       lengths=rep(self.lengths), encoded=rep(self.encoded),
+                       encoded_segment_ids=rep(self.encoded_segment_ids))
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int) -> KVCache:
+    """An empty cache with ``max_len`` slots per row for ``config``'s decoder."""
+    if config.family not in ("decoder_only", "encoder_decoder"):
+        raise ValueError(f"model.family={config.family!r} cannot generate; "
+                         "use a decoder_only or encoder_decoder model")
+    decoder_only = config.family == "decoder_only"
+    num_layers = config.num_layers if decoder_only else config.decoder_layers
+    dtype = DTYPES[config.dtype]
+    one = lambda: init_layer_cache(batch, max_len, config.kv_heads, config.head_width, dtype)
+    layers = tuple(one() if decoder_only else {"self": one()} for _ in range(num_layers))
+    return KVCache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32))

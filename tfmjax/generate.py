@@ -1,0 +1,104 @@
+"""Generate from a trained checkpoint: ``python -m tfmjax.generate WORKDIR --input "c a b"``.
+
+The checkpoint under WORKDIR (written by the training loop) holds the experiment config and
+the params; the task's vocabulary turns text into ids and back. ``--input`` may be repeated
+(one batch). Strategies: greedy (default), temperature, top_k, top_p, beam.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import jax
+
+from tfmjax.config import ModelConfig
+from tfmjax.data.vocab import EOS_ID, SEP_ID, Vocab
+from tfmjax.decode import BeamSearch, Greedy, Temperature, TopK, TopP, generate
+from tfmjax.models import build
+
+
+def prompt_ids(model_config: ModelConfig, vocab: Vocab, text: str) -> list[int]:
+    """The ids a model of this family was trained to continue: ``source SEP`` / ``source EOS``."""
+    if vocab.size > model_config.vocab_size:
+        raise ValueError(f"the task vocabulary has {vocab.size} ids but model.vocab_size="
+                         f"{model_config.vocab_size}")
+    end = SEP_ID if model_config.family == "decoder_only" else EOS_ID
+    return vocab.encode(text) + [end]
+
+
+def generate_from_text(model_config: ModelConfig, params, vocab: Vocab, text, strategy,
+                       max_new_tokens: int, *, rng=None):
+    """Continue ``text`` (space-separated task symbols; a str or a list of str) -> str(s)."""
+    texts = [text] if isinstance(text, str) else list(text)
+    model = build(model_config)
+    prompts = [prompt_ids(model_config, vocab, t) for t in texts]
+    out = generate(model, params, prompts, strategy, max_new_tokens, rng=rng)
+    answers = [vocab.decode(row) for row in jax.device_get(out.tokens)]
+    return answers[0] if isinstance(text, str) else answers
+
+
+def make_strategy(args: argparse.Namespace):
+    """The strategy named on the command line, with its options."""
+    if args.strategy == "greedy":
+        return Greedy()
+    if args.strategy == "temperature":
+        return Temperature(args.temperature)
+    if args.strategy == "top_k":
+        return TopK(args.top_k, args.temperature)
+    if args.strategy == "top_p":
+        return TopP(args.top_p, args.temperature)
+    return BeamSearch(args.beam_size, args.alpha)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tfmjax.generate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workdir", help="training workdir (or its checkpoints dir, or one step)")
+    parser.add_argument("--input", action="append", required=True,
+                        help='space-separated task symbols, e.g. "c a b" (repeatable)')
+    parser.add_argument("--strategy", default="greedy",
+                        choices=("greedy", "temperature", "top_k", "top_p", "beam"))
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="default: the task's longest eval target + 1 (EOS)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    return parser.parse_args(argv)
+
+
+def load(workdir: str):
+    """``(Experiment, params)`` of the newest good checkpoint under ``workdir``."""
+    from tfmjax.config import Experiment, from_dict
+    from tfmjax.train.checkpoint import load_for_inference
+    config, params = load_for_inference(workdir)
+    experiment = config if isinstance(config, Experiment) else from_dict(config)
+    if "params" not in params:          # a bare params tree: make it model.apply's variables
+        params = {"params": params}
+    return experiment, params
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tfmjax.data import make_task
+    from tfmjax.train.checkpoint import CheckpointError
+    try:
+        strategy = make_strategy(args)
+        experiment, params = load(args.workdir)
+        task = make_task(experiment.data.task, **experiment.data.task_params)
+        max_new = args.max_new_tokens or task.max_target_len("eval") + 1
+        answers = generate_from_text(experiment.model, params, task.vocab, args.input, strategy,
+                                     max_new, rng=args.seed)
+    except (ValueError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for text, answer in zip(args.input, answers):
+        print(f"{text} -> {answer}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

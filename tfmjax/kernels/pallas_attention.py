@@ -1,0 +1,451 @@
+"""FlashAttention in Pallas: forward, dK/dV and dQ kernels behind ``jax.custom_vjp``.
+
+Seed 000 §6.5 / pseudo-algorithm 6.8: one program per (batch, query head, query
+block) keeps the running max ``m``, denominator ``l`` and unnormalised output in
+float32 while it loops over the key blocks that block can see; it writes ``O`` and
+the log-sum-exp ``lse = m + log l``. The backward recomputes ``P = exp(S - lse)``
+(FlashAttention-2): a dK/dV kernel (one program per batch, key/value head, key block,
+looping over the ``G`` query heads of the group and their query blocks) and a dQ
+kernel (one program per batch, query head, query block, looping over key blocks).
+``delta = rowsum(dO * O)`` is a plain XLA reduction.
+
+Backends (``platform`` argument; default: the default JAX backend):
+  * ``"cuda"`` / ``"gpu"``: **Triton** (``jax.experimental.pallas.triton``), the portable
+    GPU lowering of jax 0.10 (any CUDA GPU; Mosaic GPU, jax's other GPU backend, is
+    Hopper/Blackwell-only and needs a different, warp-group kernel style).
+  * ``"tpu"``: **Mosaic TPU** (``jax.experimental.pallas.tpu``), the only TPU backend.
+  * ``"cpu"``: the same kernels with ``interpret=True`` (slow, for tests).
+
+Features: causal masks and sliding windows skip whole blocks (the loop runs only over
+the needed key blocks, and only blocks on the edge of the visible band build a mask);
+segment ids (padding and packing); GQA/MQA by index mapping (a query head reads key/value
+head ``n // G``; nothing is repeated); ALiBi slopes applied in-kernel per block; ``T``
+and ``S`` padded up to the blocks (padded keys masked, padded queries dropped); ``H``
+padded to a power of two. Block geometry and masks are the ones of
+:mod:`tfmjax.kernels.blockwise` (:func:`~tfmjax.kernels.blockwise.block_range`,
+:func:`~tfmjax.kernels.blockwise.block_mask`, i.e. :func:`tfmjax.kernels.masks.allowed`).
+
+Limits: each program holds the whole key/value sequence of one head (GPU: in global
+memory, read block by block; TPU: in VMEM, so very long ``S`` needs smaller heads or
+more VMEM). A traced ``q_offset`` (decoding) is supported but disables block skipping.
+ALiBi slopes, segment ids and ``q_offset`` get no gradient.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from tfmjax.kernels import masks
+from tfmjax.kernels.blockwise import (MASK_VALUE, block_mask, block_range, distance_bounds,
+                                      loop_over_ranges)
+
+_GPU = ("cuda", "gpu", "rocm")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Block lengths (powers of two) of the forward, dK/dV and dQ kernels.
+
+    Blocks are clipped to the (power-of-two rounded) sequence lengths, so short inputs
+    use one block. Triton needs blocks of at least 16; Mosaic TPU wants key blocks that
+    are multiples of 128 when segment ids are sliced from a longer sequence.
+    :meth:`for_platform` gives the defaults (not tuned on hardware here: no GPU/TPU).
+    """
+    block_q: int = 128
+    block_k: int = 128
+    block_q_dkv: int = 128
+    block_k_dkv: int = 128
+    block_q_dq: int = 128
+    block_k_dq: int = 128
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"BlockSizes.{f.name}={value!r} must be a power of two")
+
+    @classmethod
+    def for_platform(cls, platform: str) -> BlockSizes:
+        """GPU: the FlashAttention-2 Triton tutorial's tiles (fwd 128x64; dK/dV: 32 query
+        rows per 128 keys; dQ: 128 query rows per 32 keys). TPU and CPU: 128 everywhere
+        (one MXU tile / 128 lanes, as jax's own TPU flash attention)."""
+        if _platform(platform) == "cuda":
+            return cls(block_q=128, block_k=64, block_q_dkv=32, block_k_dkv=128,
+                       block_q_dq=128, block_k_dq=32)
+        return cls()
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything static about a call (the custom_vjp's nondiff argument)."""
+    causal: bool
+    window: int | None
+    scale: float
+    q_len: int
+    kv_len: int
+    static_offset: int | None    # None: q_offset is traced, no block skipping
+    has_seg: bool
+    has_alibi: bool
+    groups: int                  # G = N / K
+    blocks: BlockSizes
+    platform: str                # "cpu" (interpret), "cuda", "tpu"
+
+    def geometry(self, block_q: int, block_k: int):
+        """``bq, bk`` clipped to the lengths; ``nq, nk``: blocks holding real rows."""
+        bq = min(block_q, max(_pow2(self.q_len), 8))
+        bk = min(block_k, max(_pow2(self.kv_len), 8))
+        return bq, bk, -(-self.q_len // bq), -(-self.kv_len // bk)
+
+    @property
+    def padded_lens(self):
+        """Padded ``T``, ``S``: multiples of every block size used by the three kernels."""
+        b = self.blocks
+        bq = max(self.geometry(x, 8)[0] for x in (b.block_q, b.block_q_dkv, b.block_q_dq))
+        bk = max(self.geometry(8, x)[1] for x in (b.block_k, b.block_k_dkv, b.block_k_dq))
+        return -(-self.q_len // bq) * bq, -(-self.kv_len // bk) * bk
+
+    def call(self, kernel, **kw):
+        """``pl.pallas_call`` with this platform's compiler parameters."""
+        if self.platform == "cpu":
+            return pl.pallas_call(kernel, interpret=True, **kw)
+        if self.platform in _GPU:
+            from jax.experimental.pallas import triton as plgpu
+            params = plgpu.CompilerParams(num_warps=4, num_stages=2)
+        else:
+            from jax.experimental.pallas import tpu as pltpu
+            params = pltpu.CompilerParams(dimension_semantics=("parallel",) * 3)
+        return pl.pallas_call(kernel, compiler_params=params, **kw)
+
+
+# ----------------------------------------------------------------------------------------
+# Pieces shared by the three kernels.
+
+class _Block:
+    """Scores of one (query block, key block) pair, with ALiBi and masks."""
+
+    def __init__(self, st: _Static, offset, q_seg, slope, bq: int, bk: int):
+        self.st, self.offset, self.q_seg, self.slope = st, offset, q_seg, slope
+        self.bq, self.bk = bq, bk
+
+    def scores(self, q, k, q_start, k_start, kv_seg, masked):
+        """``q [bq,H]``, ``k [bk,H]`` -> float32 ``s [bq,bk]`` and the mask (or None)."""
+        st = self.st
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        s = s * st.scale
+        q_pos = self.offset + q_start + lax.broadcasted_iota(jnp.int32, (self.bq, 1), 0)
+        kv_pos = k_start + lax.broadcasted_iota(jnp.int32, (1, self.bk), 1)
+        if self.slope is not None:
+            alibi = masks.alibi_bias(self.slope.reshape(1), q_pos[:, 0], kv_pos[0, :])
+            s = s + alibi.reshape(self.bq, self.bk)
+        if not masked:
+            return s, None
+        mask = block_mask(q_pos, kv_pos, causal=st.causal, window=st.window,
+                          q_seg=self.q_seg, kv_seg=kv_seg,
+                          kv_len=st.kv_len if st.kv_len % self.bk else None)
+        return jnp.where(mask, s, MASK_VALUE), mask
+
+
+def _unpack(refs, st: _Static, names):
+    """Split a kernel's refs into the named fixed ones plus optional seg/slope refs."""
+    refs = list(refs)
+    out = {n: refs.pop(0) for n in names}
+    out["offset"] = refs.pop(0)
+    out["q_seg"], out["kv_seg"] = (refs.pop(0), refs.pop(0)) if st.has_seg else (None, None)
+    out["slope"] = refs.pop(0) if st.has_alibi else None
+    return out, refs           # what is left: the outputs
+
+
+def _key_ranges(st: _Static, q_start, bq: int, bk: int, nk: int):
+    """Key-block ranges ``lo, flo, fhi, hi`` for queries ``q_start .. q_start + bq - 1``."""
+    if st.static_offset is None:         # traced q_offset: visit every block, all masked
+        return 0, nk, nk, nk
+    p_lo = st.static_offset + q_start
+    return block_range(p_lo, p_lo + bq - 1, bk, nk, *distance_bounds(st.causal, st.window),
+                       num_full=st.kv_len // bk, full_ok=not st.has_seg)
+
+
+def _query_ranges(st: _Static, k_start, bq: int, bk: int, nq: int):
+    """Query-block ranges for keys ``k_start .. k_start + bk - 1`` (the dual of the above)."""
+    if st.static_offset is None:
+        return 0, nq, nq, nq
+    dmin, dmax = distance_bounds(st.causal, st.window)
+    a_lo = k_start - st.static_offset               # key positions in query-index units
+    lo, flo, fhi, hi = block_range(a_lo, a_lo + bk - 1, bq, nq,
+                                   None if dmax is None else -dmax,
+                                   None if dmin is None else -dmin,
+                                   num_full=nq, full_ok=not st.has_seg)
+    if st.kv_len % bk:                   # the last key block holds padding: mask it all
+        fhi = jnp.where(k_start + bk > st.kv_len, flo, fhi)
+    return lo, flo, fhi, hi
+
+
+# ----------------------------------------------------------------------------------------
+# Kernels.
+
+def _fwd_kernel(*refs, st: _Static, bq: int, bk: int, nk: int):
+    r, (o_ref, lse_ref) = _unpack(refs, st, ("q", "k", "v"))
+    q_start = pl.program_id(2) * bq
+    blk = _Block(st, r["offset"][...], None if r["q_seg"] is None else r["q_seg"][...],
+                 None if r["slope"] is None else r["slope"][...], bq, bk)
+    q = r["q"][...]
+
+    def body(j, carry, masked):
+        m, l, acc = carry
+        k_start = pl.multiple_of(j * bk, bk)
+        kv_seg = None if r["kv_seg"] is None else r["kv_seg"][:, pl.ds(k_start, bk)]
+        s, mask = blk.scores(q, r["k"][pl.ds(k_start, bk), :], q_start, k_start, kv_seg,
+                             masked)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+        p = jnp.exp(s - m_new)
+        if masked:
+            p = jnp.where(mask, p, 0.0)
+        alpha = jnp.exp(m - m_new)
+        v = r["v"][pl.ds(k_start, bk), :]
+        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+        return m_new, alpha * l + jnp.sum(p, axis=1, keepdims=True), alpha * acc + pv
+
+    init = (jnp.full((bq, 1), MASK_VALUE, jnp.float32), jnp.zeros((bq, 1), jnp.float32),
+            jnp.zeros(q.shape, jnp.float32))
+    m, l, acc = loop_over_ranges(*_key_ranges(st, q_start, bq, bk, nk), body, init)
+    seen = l > 0
+    l_safe = jnp.where(seen, l, 1.0)
+    o_ref[...] = (acc / l_safe).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(seen, m + jnp.log(l_safe), jnp.inf)
+
+
+def _dq_kernel(*refs, st: _Static, bq: int, bk: int, nk: int):
+    r, (dq_ref,) = _unpack(refs, st, ("q", "k", "v", "do", "lse", "delta"))
+    q_start = pl.program_id(2) * bq
+    blk = _Block(st, r["offset"][...], None if r["q_seg"] is None else r["q_seg"][...],
+                 None if r["slope"] is None else r["slope"][...], bq, bk)
+    q, do, lse, delta = r["q"][...], r["do"][...], r["lse"][...], r["delta"][...]
+
+    def body(j, dq, masked):
+        k_start = pl.multiple_of(j * bk, bk)
+        kv_seg = None if r["kv_seg"] is None else r["kv_seg"][:, pl.ds(k_start, bk)]
+        k = r["k"][pl.ds(k_start, bk), :]
+        v = r["v"][pl.ds(k_start, bk), :]
+        s, mask = blk.scores(q, k, q_start, k_start, kv_seg, masked)
+        p = jnp.exp(s - lse)
+        if masked:
+            p = jnp.where(mask, p, 0.0)
+        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        ds = p * (dp - delta)
+        return dq + lax.dot_general(ds.astype(k.dtype), k, (((1,), (0,)), ((), ())),
+                                    preferred_element_type=jnp.float32)
+
+    dq = loop_over_ranges(*_key_ranges(st, q_start, bq, bk, nk), body,
+                          jnp.zeros(q.shape, jnp.float32))
+    dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(*refs, st: _Static, bq: int, bk: int, nq: int):
+    r, (dk_ref, dv_ref) = _unpack(refs, st, ("q", "k", "v", "do", "lse", "delta"))
+    k_start = pl.program_id(2) * bk
+    k, v = r["k"][...], r["v"][...]
+    kv_seg = None if r["kv_seg"] is None else r["kv_seg"][...]
+    ranges = _query_ranges(st, k_start, bq, bk, nq)
+
+    def head(g, carry):
+        slope = None if r["slope"] is None else r["slope"][g]
+
+        def body(i, carry, masked):
+            dk, dv = carry
+            q_start = pl.multiple_of(i * bq, bq)
+            rows = pl.ds(q_start, bq)
+            q_seg = None if r["q_seg"] is None else r["q_seg"][rows, :]
+            blk = _Block(st, r["offset"][...], q_seg, slope, bq, bk)
+            q, do = r["q"][g, rows, :], r["do"][g, rows, :]
+            s, mask = blk.scores(q, k, q_start, k_start, kv_seg, masked)
+            p = jnp.exp(s - r["lse"][g, rows, :])
+            if masked:
+                p = jnp.where(mask, p, 0.0)
+            dv = dv + lax.dot_general(p.astype(do.dtype), do, (((0,), (0,)), ((), ())),
+                                      preferred_element_type=jnp.float32)
+            dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)
+            ds = p * (dp - r["delta"][g, rows, :])
+            dk = dk + lax.dot_general(ds.astype(q.dtype), q, (((0,), (0,)), ((), ())),
+                                      preferred_element_type=jnp.float32)
+            return dk, dv
+
+        return loop_over_ranges(*ranges, body, carry)
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, st.groups, head, (zeros, zeros))
+    dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# pallas_call wrappers. Layouts: q, o, dO [B,N,Tp,Hp]; k, v [B,K,Sp,Hp]; lse, delta
+# [B,N,Tp,1]; q_seg [B,Tp,1]; kv_seg [B,1,Sp]; slopes [N,1,1]; offset [1,1].
+
+def _extras_specs(st: _Static, q_seg_spec, kv_seg_spec, slope_spec):
+    specs = [pl.BlockSpec((1, 1), lambda b, h, i: (0, 0))]
+    if st.has_seg:
+        specs += [q_seg_spec, kv_seg_spec]
+    if st.has_alibi:
+        specs.append(slope_spec)
+    return specs
+
+
+def _extras(offset, q_seg, kv_seg, slopes):
+    return [offset] + ([q_seg, kv_seg] if q_seg is not None else []) + (
+        [slopes] if slopes is not None else [])
+
+
+def _forward(st: _Static, q, k, v, offset, q_seg, kv_seg, slopes):
+    B, N, Tp, Hp = q.shape
+    Sp, G = k.shape[2], st.groups
+    bq, bk, _, nk = st.geometry(st.blocks.block_q, st.blocks.block_k)
+    q_spec = pl.BlockSpec((None, None, bq, Hp), lambda b, h, i: (b, h, i, 0))
+    kv_spec = pl.BlockSpec((None, None, Sp, Hp), lambda b, h, i: (b, lax.div(h, G), 0, 0))
+    row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))
+    extras = _extras_specs(st, pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
+                           pl.BlockSpec((None, 1, Sp), lambda b, h, i: (b, 0, 0)),
+                           pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0)))
+    return st.call(
+        functools.partial(_fwd_kernel, st=st, bq=bq, bk=bk, nk=nk),
+        grid=(B, N, Tp // bq),
+        in_specs=[q_spec, kv_spec, kv_spec] + extras,
+        out_specs=[q_spec, row_spec],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((B, N, Tp, 1), jnp.float32)],
+        name="tfmjax_flash_fwd",
+    )(q, k, v, *_extras(offset, q_seg, kv_seg, slopes))
+
+
+def _backward(st: _Static, res, d_out):
+    q, k, v, offset, q_seg, kv_seg, slopes, out, lse = res
+    B, N, Tp, Hp = q.shape
+    K, Sp, G = k.shape[1], k.shape[2], st.groups
+    delta = jnp.einsum("BNTH,BNTH->BNT", out.astype(jnp.float32),
+                       d_out.astype(jnp.float32))[..., None]
+    d_out = d_out.astype(q.dtype)
+    extra_args = _extras(offset, q_seg, kv_seg, slopes)
+
+    # dQ: one program per (b, query head n, query block i), looping over key blocks.
+    bq, bk, _, nk = st.geometry(st.blocks.block_q_dq, st.blocks.block_k_dq)
+    q_spec = pl.BlockSpec((None, None, bq, Hp), lambda b, h, i: (b, h, i, 0))
+    kv_spec = pl.BlockSpec((None, None, Sp, Hp), lambda b, h, i: (b, lax.div(h, G), 0, 0))
+    row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))
+    extras = _extras_specs(st, pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
+                           pl.BlockSpec((None, 1, Sp), lambda b, h, i: (b, 0, 0)),
+                           pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0)))
+    dq = st.call(
+        functools.partial(_dq_kernel, st=st, bq=bq, bk=bk, nk=nk),
+        grid=(B, N, Tp // bq),
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec] + extras,
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        name="tfmjax_flash_dq",
+    )(q, k, v, d_out, lse, delta, *extra_args)
+
+    # dK, dV: one program per (b, key/value head h, key block j), looping over the G
+    # query heads h*G .. h*G+G-1 and their query blocks.
+    bq, bk, nq, _ = st.geometry(st.blocks.block_q_dkv, st.blocks.block_k_dkv)
+    group_spec = pl.BlockSpec((None, G, Tp, Hp), lambda b, h, j: (b, h, 0, 0))
+    group_rows = pl.BlockSpec((None, G, Tp, 1), lambda b, h, j: (b, h, 0, 0))
+    kv_spec = pl.BlockSpec((None, None, bk, Hp), lambda b, h, j: (b, h, j, 0))
+    extras = _extras_specs(st, pl.BlockSpec((None, Tp, 1), lambda b, h, j: (b, 0, 0)),
+                           pl.BlockSpec((None, 1, bk), lambda b, h, j: (b, 0, j)),
+                           pl.BlockSpec((G, 1, 1), lambda b, h, j: (h, 0, 0)))
+    dk, dv = st.call(
+        functools.partial(_dkv_kernel, st=st, bq=bq, bk=bk, nq=nq),
+        grid=(B, K, Sp // bk),
+        in_specs=[group_spec, kv_spec, kv_spec, group_spec, group_rows, group_rows] + extras,
+        out_specs=[kv_spec, kv_spec],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        name="tfmjax_flash_dkv",
+    )(q, k, v, d_out, lse, delta, *extra_args)
+    return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(st, q, k, v, offset, q_seg, kv_seg, slopes):
+    return _forward(st, q, k, v, offset, q_seg, kv_seg, slopes)[0]
+
+
+def _flash_fwd(st, q, k, v, offset, q_seg, kv_seg, slopes):
+    out, lse = _forward(st, q, k, v, offset, q_seg, kv_seg, slopes)
+    return out, (q, k, v, offset, q_seg, kv_seg, slopes, out, lse)
+
+
+def _flash_bwd(st, res, d_out):
+    dq, dk, dv = _backward(st, res, d_out)
+    slopes = res[6]
+    return dq, dk, dv, None, None, None, None if slopes is None else jnp.zeros_like(slopes)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _platform(platform: str | None) -> str:
+    platform = (platform or jax.default_backend()).lower()
+    if platform in _GPU:
+        return "cuda"
+    if platform in ("cpu", "tpu"):
+        return platform
+    raise ValueError(f"pallas attention: unknown platform {platform!r}; "
+                     "use 'cpu' (interpret mode), 'cuda'/'gpu' (Triton) or 'tpu' (Mosaic)")
+
+
+def _static_offset(q_offset):
+    try:
+        return int(q_offset)
+    except (jax.errors.ConcretizationTypeError, TypeError):
+        return None
+
+
+def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_slopes,
+              bias, q_offset, scale, block_sizes: BlockSizes | None = None,
+              platform: str | None = None):
+    """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` with the Pallas kernels.
+
+    ``platform`` picks the lowering: None = the default backend (``"cpu"`` runs the
+    kernels in interpret mode); pass ``"cuda"`` or ``"tpu"`` to build the kernels for
+    that platform, e.g. to lower them from a CPU-only machine with
+    ``jax.jit(f).trace(...).lower(lowering_platforms=(platform,))``.
+    """
+    if bias is not None:
+        raise ValueError("impl='pallas' takes structured masks only; a dense bias needs "
+                         "impl='xla' or 'reference'")
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    platform = _platform(platform)
+    blocks = block_sizes or BlockSizes.for_platform(platform)
+    if platform == "cuda" and min(dataclasses.astuple(blocks)) < 16:
+        raise ValueError(f"pallas attention on GPU (Triton) needs blocks >= 16, got {blocks}")
+    st = _Static(causal=bool(causal), window=None if window is None else int(window),
+                 scale=float(scale), q_len=T, kv_len=S, static_offset=_static_offset(q_offset),
+                 has_seg=q_segment_ids is not None, has_alibi=alibi_slopes is not None,
+                 groups=N // K, blocks=blocks, platform=platform)
+    Tp, Sp = st.padded_lens
+    Hp = max(_pow2(H), 16 if platform == "cuda" else 1)
+
+    def pad(x, length):      # [B,L,heads,H] -> [B,heads,Lp,Hp], zero padded
+        x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, Hp - H)))
+        return x.transpose(0, 2, 1, 3)
+
+    q_seg = kv_seg = None
+    if q_segment_ids is not None:
+        q_seg = jnp.pad(q_segment_ids.astype(jnp.int32), ((0, 0), (0, Tp - T)))[:, :, None]
+        kv_seg = jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, Sp - S)))[:, None, :]
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.astype(jnp.float32).reshape(N, 1, 1)
+    offset = jnp.asarray(q_offset, jnp.int32).reshape(1, 1)
+    out = _flash(st, pad(q, Tp), pad(k, Sp), pad(v, Sp), offset, q_seg, kv_seg, slopes)
+    return out.transpose(0, 2, 1, 3)[:, :T, :, :H]

@@ -1,0 +1,332 @@
+"""The training loop: the only impure code (files, signals, clocks, console).
+
+``train(experiment)`` resumes from the newest good checkpoint in ``experiment.workdir``
+(or starts fresh), runs ``train.steps`` updates and writes, under the workdir:
+``metrics.jsonl``, ``checkpoints/<step>/``, ``metrics.png`` and (if asked) ``tensorboard/``.
+
+Exact resume: batch ``s`` is ``make_batch(seed, step=s)`` and its dropout key is
+``fold_in(root, s)``; the log window's running sums live in the state; ``metrics.jsonl`` is
+cut back to the resumed step. So a run stopped anywhere and resumed ends with the same
+params (bit for bit) and the same records (apart from their ``timing``) as a straight run.
+
+SIGTERM / Ctrl-C: the current step finishes, the state is saved, the save is waited for,
+and ``train`` returns with ``stopped=True`` (a second Ctrl-C interrupts at once).
+A non-finite loss raises :class:`NonFiniteLossError` without saving anything more.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+from tfmjax.config import ConfigError, Experiment
+from tfmjax.data import make_batch, make_task
+from tfmjax.evaluate import Evaluator
+from tfmjax.models import build
+from tfmjax.models.checks import InputError, check_batch
+from tfmjax.train.checkpoint import Checkpointer
+from tfmjax.train.metrics_log import Console, MetricsLog
+from tfmjax.train.optimizer import make_optimizer
+from tfmjax.train.schedules import make_schedule
+from tfmjax.train.state import abstract_state, count_params, create_state, reset_window
+from tfmjax.train.step import jit_train_step, make_train_step, window_means
+
+TRAINABLE_FAMILIES = ("encoder_decoder", "decoder_only")
+EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity")  # best_metric choices
+LOWER_IS_BETTER = ("loss", "perplexity")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a non-finite loss or gradient; nothing after it was saved."""
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything built from an experiment before the first step (no files touched)."""
+    experiment: Experiment
+    task: object
+    model: object            # deterministic: init and eval
+    tx: object
+    schedule: object
+    train_step: Callable     # jitted, state donated
+    evaluator: Evaluator
+    tokens_per_step: int     # padded positions per batch (what the step computes on)
+
+    def batch(self, step: int) -> dict:
+        exp = self.experiment
+        return make_batch(self.task, family=exp.model.family, batch_size=exp.data.batch_size,
+                          seed=exp.train.seed, step=step)
+
+
+def _task(experiment: Experiment):
+    """The task, checked against the model: one-line ConfigError for any mismatch."""
+    model, data = experiment.model, experiment.data
+    if model.family not in TRAINABLE_FAMILIES:
+        raise ConfigError(f"model.family={model.family!r} cannot be trained on a seq2seq task; "
+                          f"use one of {', '.join(TRAINABLE_FAMILIES)}")
+    try:
+        task = make_task(data.task, **data.task_params)
+    except ValueError as err:
+        raise ConfigError(f"data.task={data.task!r}: {err}") from None
+    if model.vocab_size < task.vocab.size:
+        raise ConfigError(f"model.vocab_size={model.vocab_size} is smaller than the vocabulary "
+                          f"of task {data.task!r} ({task.vocab.size} ids); set model.vocab_size "
+                          f">= {task.vocab.size}")
+    best = experiment.train.best_metric
+    if best not in EVAL_METRICS:
+        raise ConfigError(f"train.best_metric={best!r} is invalid: must be one of "
+                          f"{', '.join(EVAL_METRICS)}")
+    k = experiment.optim.grad_accum_steps
+    if data.batch_size % k:
+        raise ConfigError(f"data.batch_size={data.batch_size} must be divisible by "
+                          f"optim.grad_accum_steps={k} (each step splits the batch in k parts)")
+    return task
+
+
+_RUNS: dict[str, Run] = {}   # the last few builds, so training twice in one process compiles once
+_MAX_RUNS = 2
+
+
+def _run_key(experiment: Experiment) -> str:
+    """Everything that shapes the compiled functions: the config minus its name and workdir."""
+    raw = experiment.to_dict()
+    raw["name"], raw["train"]["workdir"] = "", ""
+    return json.dumps(raw, sort_keys=True)
+
+
+def build_run(experiment: Experiment) -> Run:
+    """Task, model, optimizer, jitted step and evaluator; ConfigError if they do not fit.
+
+    Cached per config (name and workdir aside): a second ``train`` in the same process
+    with the same config (a resume, a test) reuses the compiled step and evaluator.
+    """
+    key = _run_key(experiment)
+    if key not in _RUNS:
+        while len(_RUNS) >= _MAX_RUNS:
+            _RUNS.pop(next(iter(_RUNS)))
+        _RUNS[key] = _build_run(experiment)
+    return dataclasses.replace(_RUNS[key], experiment=experiment)
+
+
+def _build_run(experiment: Experiment) -> Run:
+    task = _task(experiment)
+    m, o, t, d = experiment.model, experiment.optim, experiment.train, experiment.data
+    try:
+        schedule = make_schedule(o.schedule, peak_lr=o.learning_rate, warmup_steps=o.warmup_steps,
+                                 total_steps=t.steps, d_model=m.d_model, end_lr=o.end_learning_rate,
+                                 decay_fraction=o.decay_fraction)
+    except ValueError as err:
+        raise ConfigError(f"optim.schedule={o.schedule!r} with optim.warmup_steps={o.warmup_steps} "
+                          f"and train.steps={t.steps}: {err}") from None
+    try:
+        evaluator = Evaluator(m, task, batch_size=d.batch_size, num_examples=d.eval_examples)
+    except (ValueError, InputError) as err:
+        raise ConfigError(str(err)) from None
+    tx = make_optimizer(schedule=schedule, weight_decay=o.weight_decay, b1=o.b1, b2=o.b2,
+                        eps=o.eps, clip_norm=o.clip_norm)
+    step = make_train_step(build(m, deterministic=False), tx, schedule, family=m.family,
+                           label_smoothing=o.label_smoothing, grad_accum_steps=o.grad_accum_steps)
+    run = Run(experiment, task, build(m), tx, schedule, jit_train_step(step), evaluator, 0)
+    sample = run.batch(0)
+    try:
+        check_batch(sample, m)
+    except InputError as err:
+        raise ConfigError(str(err)) from None
+    run.tokens_per_step = sum(int(x.size) for k, x in sample.items() if k in ("inputs", "targets", "tokens"))
+    return run
+
+
+class StopSignals:
+    """Turn SIGTERM and the first Ctrl-C into a flag the loop checks after every step."""
+
+    def __init__(self):
+        self.requested: str | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.requested = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _check_finite(state, last_saved: int | None) -> None:
+    nonfinite, first = jax.device_get((state.window["nonfinite"], state.window["first_nonfinite"]))
+    if nonfinite:
+        kept = (f"the last checkpoint (step {last_saved}) is untouched" if last_saved
+                else "no checkpoint was written")
+        raise NonFiniteLossError(
+            f"non-finite loss or gradient at step {int(first) + 1}: training stopped and this "
+            f"state was not saved; {kept}. Lower optim.learning_rate, raise optim.warmup_steps "
+            "or set optim.clip_norm")
+
+
+@dataclasses.dataclass
+class _Window:
+    """Wall-clock bookkeeping of the current log window (never enters the state)."""
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    steps: int = 0
+
+    def timing(self, tokens_per_step: int, elapsed: float) -> dict:
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        return {"tokens_per_sec": self.steps * tokens_per_step / seconds,
+                "steps_per_sec": self.steps / seconds, "elapsed_sec": elapsed}
+
+
+class _Loop:
+    """One call of :func:`train`: the state plus the files, clocks and console it writes."""
+
+    def __init__(self, run: Run, console: Console, log: MetricsLog, ckpt: Checkpointer,
+                 last_saved: int | None, on_step: Callable | None):
+        self.run, self.console, self.log, self.ckpt = run, console, log, ckpt
+        self.last_saved, self.on_step = last_saved, on_step
+        self.started = time.perf_counter()
+        self.window = _Window()
+        self.last_eval: dict | None = None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def log_train(self, state, step: int):
+        _check_finite(state, self.last_saved)
+        record = {"step": step, "split": "train", **window_means(jax.device_get(state.window)),
+                  "timing": self.window.timing(self.run.tokens_per_step, self.elapsed())}
+        self.log.write(record)
+        self.console.record(record)
+        self.window = _Window()
+        return reset_window(state)
+
+    def evaluate(self, state, step: int) -> None:
+        metrics, rows = self.run.evaluator(state.params)
+        timing = dict(metrics.pop("timing"), elapsed_sec=self.elapsed())
+        record = {"step": step, "split": "eval", **metrics, "timing": timing}
+        self.log.write(record)
+        self.console.record(record)
+        self.last_eval = {k: v for k, v in record.items() if k not in ("timing", "split")}
+        self.window.start += timing["eval_sec"]   # eval time is not training time
+
+    def save(self, state, step: int, metrics: dict | None) -> None:
+        _check_finite(state, self.last_saved)
+        begin = time.perf_counter()
+        self.ckpt.save(step, state, config=self.run.experiment.to_dict(), metrics=metrics)
+        self.last_saved = step
+        self.window.start += time.perf_counter() - begin
+
+    def first_step(self, state, batch):
+        """Run (and time) the first step of this process: compilation happens here."""
+        begin = time.perf_counter()
+        state, _ = self.run.train_step(state, batch)
+        jax.block_until_ready(state)
+        self.console.print(f"compiled and ran the first step in {time.perf_counter() - begin:.1f}s")
+        self.window = _Window()
+        return state
+
+    def run_steps(self, state, start: int, stop: StopSignals):
+        t = self.run.experiment.train
+        if start >= t.steps:
+            self.console.print(f"the checkpoint is at step {start} and train.steps={t.steps}: "
+                               "nothing to do (raise train.steps to train longer)")
+            return state, start, False
+        for step in range(start, t.steps):
+            batch = self.run.batch(step)
+            check_batch(batch, self.run.experiment.model)
+            self.window.steps += 1
+            if step == start:
+                state = self.first_step(state, batch)
+            else:
+                state, _ = self.run.train_step(state, batch)
+            done = step + 1
+            self.console.step()
+            if self.on_step is not None:
+                self.on_step(done)
+            state = self.at_step_end(state, done)
+            if stop.requested:
+                if self.last_saved != done:
+                    self.save(state, done, None)
+                self.console.print(f"{stop.requested}: saved step {done}; stopping")
+                return state, done, True
+        return state, t.steps, False
+
+    def at_step_end(self, state, done: int):
+        t = self.run.experiment.train
+        last = done == t.steps
+        if done % t.log_every == 0 or last:
+            state = self.log_train(state, done)
+        evaluated = done % t.eval_every == 0 or last
+        if evaluated:
+            self.evaluate(state, done)
+        if done % t.checkpoint_every == 0 or last:
+            self.save(state, done, self.last_eval if evaluated else None)
+        return state
+
+
+def _header(run: Run, params, start: int, console: Console) -> None:
+    exp = run.experiment
+    try:
+        from tfmjax.summary import summarize
+        console.print(summarize(exp.model))
+    except ImportError:
+        pass
+    console.print(f"experiment {exp.name}: {exp.model.family} on task {exp.data.task}, "
+                  f"{count_params(params):,} parameters, batch {exp.data.batch_size}, "
+                  f"{exp.train.steps} steps; workdir {exp.workdir}")
+    if start:
+        console.print(f"resumed from checkpoint step {start}")
+
+
+def _restore(run: Run, ckpt: Checkpointer, sample: dict):
+    exp = run.experiment
+    target = abstract_state(run.model, run.tx, sample, exp.train.seed)
+    restored = ckpt.restore_or_none(target, config=exp.to_dict())
+    if restored is None:
+        return create_state(run.model, run.tx, sample, exp.train.seed), 0
+    return restored
+
+
+def train(experiment: Experiment, *, stream=None, progress: bool | None = None,
+          on_step: Callable[[int], None] | None = None, plot: bool = True) -> dict:
+    """Train (or resume) ``experiment``; returns ``{"step", "stopped", "eval", "workdir"}``.
+
+    ``progress``: a tqdm bar (None: only on a TTY). ``on_step(step)`` is called after each
+    step (tests use it to inject failures). Raises ConfigError, CheckpointError,
+    NonFiniteLossError.
+    """
+    run = build_run(experiment)
+    workdir = Path(experiment.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpointer(workdir.resolve(), keep=experiment.train.keep_checkpoints,
+                        best_metric=experiment.train.best_metric,
+                        best_mode="min" if experiment.train.best_metric in LOWER_IS_BETTER else "max")
+    with contextlib.ExitStack() as stack:
+        stack.callback(ckpt.close)
+        state, start = _restore(run, ckpt, run.batch(0))
+        log = MetricsLog(workdir, resume_step=start, tensorboard=experiment.train.tensorboard)
+        stack.callback(log.close)
+        console = Console(total=experiment.train.steps, initial=start, stream=stream, progress=progress)
+        stack.callback(console.close)
+        _header(run, state.params, start, console)
+        loop = _Loop(run, console, log, ckpt, start or None, on_step)
+        with StopSignals() as stop:
+            state, step, stopped = loop.run_steps(state, start, stop)
+            ckpt.wait()
+    if plot:
+        from tfmjax.train.plots import plot_metrics
+        plot_metrics(workdir)
+    return {"step": step, "stopped": stopped, "eval": loop.last_eval, "workdir": str(workdir)}

@@ -1,0 +1,74 @@
+"""Loss, accuracy and learning-rate curves from ``metrics.jsonl``, as one PNG.
+
+``python -m tfmjax.train.plots WORKDIR`` writes ``WORKDIR/metrics.png`` (the training
+loop does the same at its end).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tfmjax.train.metrics_log import METRICS_FILE, read_records
+
+PLOT_FILE = "metrics.png"
+
+
+def _series(records: list[dict], split: str, key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in records if r.get("split") == split and key in r]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _panel(ax, records, title: str, lines: list[tuple[str, str, str]], log_y: bool = False):
+    for split, key, label in lines:
+        x, y = _series(records, split, key)
+        if x:
+            ax.plot(x, y, marker="." if split == "eval" else None, label=label)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    if log_y:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+
+
+def plot_metrics(workdir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw ``workdir/metrics.jsonl`` into ``out`` (default ``workdir/metrics.png``)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workdir = Path(workdir)
+    records = read_records(workdir / METRICS_FILE)
+    if not records:
+        raise FileNotFoundError(f"no metrics in {workdir / METRICS_FILE}")
+    fig, (loss, acc, lr) = plt.subplots(1, 3, figsize=(15, 4))
+    _panel(loss, records, "loss (NLL per target token)",
+           [("train", "loss", "train"), ("eval", "loss", "eval")], log_y=True)
+    _panel(acc, records, "accuracy",
+           [("train", "token_accuracy", "train token"), ("eval", "token_accuracy", "eval token"),
+            ("eval", "exact_match", "eval exact match (greedy)")])
+    acc.set_ylim(-0.02, 1.02)
+    _panel(lr, records, "learning rate", [("train", "learning_rate", "lr")])
+    fig.tight_layout()
+    out = Path(out) if out is not None else workdir / PLOT_FILE
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m tfmjax.train.plots WORKDIR", file=sys.stderr)
+        return 2
+    try:
+        print(plot_metrics(argv[0]))
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

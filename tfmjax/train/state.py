@@ -1,0 +1,77 @@
+"""The training state: one plain pytree that a checkpoint holds whole.
+
+``TrainState`` fields (all JAX arrays, so the state checkpoints and donates as is):
+  step     int32 []      updates done; batch ``step`` and dropout key ``fold_in(root, step)`` come next
+  params   pytree        float32 model parameters (compute dtype is ``model.dtype``)
+  opt_state pytree       the Optax state
+  rng      uint32 [2]    root key as raw key data (``jax.random.key_data``), so it checkpoints
+  window   dict          running sums of the current log window (see ``WINDOW_KEYS``); part of
+                         the state so a resumed run logs exactly the numbers an uninterrupted
+                         run logs, even when it resumes in the middle of a window
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+# Running sums since the last log step. Counts of tokens and sequences are float32 so a
+# window of any length fits; ``first_nonfinite`` is -1 until a step has a non-finite loss.
+WINDOW_KEYS = ("steps", "loss_sum", "nll_sum", "tokens", "correct", "exact", "sequences",
+               "grad_norm_sum", "nonfinite", "first_nonfinite", "learning_rate")
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+    window: dict
+
+    @property
+    def root_key(self) -> jax.Array:
+        """The root PRNG key (typed) rebuilt from the raw ``rng`` data."""
+        return jax.random.wrap_key_data(self.rng)
+
+
+def empty_window() -> dict:
+    """A fresh log window: zeros, and ``first_nonfinite = -1``."""
+    window = {key: jnp.zeros((), jnp.float32) for key in WINDOW_KEYS}
+    window["first_nonfinite"] = jnp.full((), -1, jnp.int32)
+    return window
+
+
+def init_keys(seed: int) -> tuple[jax.Array, jax.Array]:
+    """``(init_key, root_key)`` for parameter initialisation and the per-step dropout keys."""
+    init_key, root_key = jax.random.split(jax.random.key(seed))
+    return init_key, root_key
+
+
+def create_state(model, tx: optax.GradientTransformation, sample_batch: dict,
+                 seed: int) -> TrainState:
+    """A fresh state: ``model.init`` on ``sample_batch``, ``tx.init``, step 0, empty window."""
+    init_key, root_key = init_keys(seed)
+    params = model.init({"params": init_key}, sample_batch)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=tx.init(params), rng=jax.random.key_data(root_key),
+                      window=empty_window())
+
+
+def abstract_state(model, tx: optax.GradientTransformation, sample_batch: dict,
+                   seed: int) -> TrainState:
+    """Shapes and dtypes of :func:`create_state` (no memory, no compute): a restore target."""
+    return jax.eval_shape(lambda: create_state(model, tx, sample_batch, seed))
+
+
+def reset_window(state: TrainState) -> TrainState:
+    """``state`` with an empty log window (after the loop has logged the current one)."""
+    return state.replace(window=empty_window())
+
+
+def count_params(params: Any) -> int:
+    """Number of parameters in a pytree."""
+    return sum(int(x.size) for x in jax.tree.leaves(params))

@@ -1,0 +1,152 @@
+"""Pure train and eval steps: ``train_step(state, batch) -> (state, metrics)``.
+
+Batches (NumPy or JAX, fixed shapes):
+  encoder_decoder  {"inputs": [B,S], "targets": [B,T]}; loss on targets != 0 (padding).
+  decoder_only     {"tokens": [B,T], "loss_mask": [B,T], ...}; loss on the answer only
+                   (``loss_mask`` is 0 on the prompt and on padding).
+
+One step = one optimizer update on the whole batch. ``grad_accum_steps = k`` splits the
+batch into k micro-batches of B/k rows, scanned, to save activation memory; the gradient
+is the token-weighted mean over the whole batch either way (sums first, one division).
+
+A step whose loss or gradient norm is not finite keeps ``params`` and ``opt_state``
+unchanged (``jnp.where``), counts itself in ``window["nonfinite"]`` and records its
+index in ``window["first_nonfinite"]``; the loop reads the window and stops. So a bad
+update never reaches the state, let alone a checkpoint.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from tfmjax.train.losses import cross_entropy, sequence_exact_match, token_accuracy
+from tfmjax.train.state import TrainState
+
+SUM_KEYS = ("loss_sum", "nll_sum", "tokens", "correct", "exact", "sequences")
+
+
+def targets_and_mask(batch: dict, family: str) -> tuple[jax.Array, jax.Array]:
+    """The ids the logits predict and the float32 loss weight, both ``[B,T]``."""
+    if family == "encoder_decoder":
+        targets = batch["targets"]
+        return targets, (targets != 0).astype(jnp.float32)
+    return batch["tokens"], jnp.asarray(batch["loss_mask"], jnp.float32)
+
+
+def batch_sums(logits, targets, mask, label_smoothing: float) -> dict:
+    """Float32 sums of a batch: smoothed loss, NLL, tokens, correct tokens, exact sequences."""
+    loss_sum, tokens = cross_entropy(logits, targets, mask, label_smoothing)
+    nll_sum = cross_entropy(logits, targets, mask)[0] if label_smoothing else loss_sum
+    correct, _ = token_accuracy(logits, targets, mask)
+    exact, sequences = sequence_exact_match(logits, targets, mask)
+    return {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "correct": correct,
+            "exact": exact.astype(jnp.float32), "sequences": sequences.astype(jnp.float32)}
+
+
+def _microbatches(batch: dict, k: int) -> dict:
+    """``[B, ...] -> [k, B/k, ...]`` for every array of the batch."""
+    return {name: jnp.reshape(x, (k, x.shape[0] // k) + x.shape[1:]) for name, x in batch.items()}
+
+
+def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
+                    family: str, label_smoothing: float = 0.0,
+                    grad_accum_steps: int = 1) -> Callable:
+    """The pure step for ``model`` (built with ``deterministic=False`` for dropout).
+
+    ``schedule`` only reports the learning rate; ``tx`` must already contain it.
+    Returns ``train_step(state, batch) -> (state, metrics)``, not jitted (see :func:`jit_train_step`).
+    """
+    def grad_sums(params, batch, rng):
+        def loss_fn(p):
+            logits = model.apply(p, batch, rngs={"dropout": rng})
+            targets, mask = targets_and_mask(batch, family)
+            sums = batch_sums(logits, targets, mask, label_smoothing)
+            return sums["loss_sum"], sums
+        grads, sums = jax.grad(loss_fn, has_aux=True)(params)
+        return grads, sums
+
+    def accumulate(params, batch, rng):
+        if grad_accum_steps == 1:
+            return grad_sums(params, batch, rng)
+
+        def body(carry, xs):
+            index, micro = xs
+            grads, sums = grad_sums(params, micro, jax.random.fold_in(rng, index))
+            return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+        zeros = (jax.tree.map(jnp.zeros_like, params), {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS})
+        xs = (jnp.arange(grad_accum_steps), _microbatches(batch, grad_accum_steps))
+        return jax.lax.scan(body, zeros, xs)[0]
+
+    def train_step(state: TrainState, batch: dict):
+        rng = jax.random.fold_in(state.root_key, state.step)
+        grad_sum, sums = accumulate(state.params, batch, rng)
+        grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grad_sum)
+        grad_norm = optax.tree.norm(grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        ok = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
+        keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+        lr = jnp.asarray(schedule(state.step), jnp.float32)
+        new_state = state.replace(
+            step=state.step + 1,
+            params=jax.tree.map(keep, params, state.params),
+            opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+            window=_update_window(state.window, sums, grad_norm, lr, ok, state.step))
+        return new_state, step_metrics(sums, grad_norm, lr, ok)
+
+    return train_step
+
+
+def _update_window(window: dict, sums: dict, grad_norm, lr, ok, step) -> dict:
+    """Add one step to the log window; a non-finite step adds only to the non-finite count."""
+    new = dict(window)
+    for key in SUM_KEYS:
+        new[key] = window[key] + jnp.where(ok, sums[key], 0.0)
+    new["grad_norm_sum"] = window["grad_norm_sum"] + jnp.where(ok, grad_norm, 0.0)
+    new["steps"] = window["steps"] + jnp.where(ok, 1.0, 0.0)
+    new["nonfinite"] = window["nonfinite"] + jnp.where(ok, 0.0, 1.0)
+    first = window["first_nonfinite"]
+    new["first_nonfinite"] = jnp.where((first < 0) & ~ok, step, first).astype(jnp.int32)
+    new["learning_rate"] = lr
+    return new
+
+
+def step_metrics(sums: dict, grad_norm, lr, ok) -> dict:
+    """Means of one step (device scalars; the loop logs the window instead)."""
+    tokens = jnp.maximum(sums["tokens"], 1.0)
+    return {"loss": sums["nll_sum"] / tokens, "token_accuracy": sums["correct"] / tokens,
+            "exact_match": sums["exact"] / jnp.maximum(sums["sequences"], 1.0),
+            "grad_norm": grad_norm, "learning_rate": lr, "finite": ok}
+
+
+def jit_train_step(train_step: Callable) -> Callable:
+    """``jax.jit`` with the state donated: its buffers are reused for the new state."""
+    return jax.jit(train_step, donate_argnums=0)
+
+
+def make_eval_step(model, *, family: str) -> Callable:
+    """Jitted ``eval_step(params, batch) -> sums`` (teacher forcing, no dropout, no smoothing)."""
+    def eval_step(params, batch):
+        logits = model.apply(params, batch)
+        targets, mask = targets_and_mask(batch, family)
+        return batch_sums(logits, targets, mask, 0.0)
+    return jax.jit(eval_step)
+
+
+def window_means(window: dict) -> dict:
+    """Host floats of a fetched log window: mean loss, perplexity, accuracies, grad norm, lr."""
+    import math
+    tokens, seqs, steps = (max(float(window[k]), 1.0) for k in ("tokens", "sequences", "steps"))
+    nll = float(window["nll_sum"]) / tokens
+    means = {"loss": nll, "perplexity": math.exp(min(nll, 80.0)),
+             "token_accuracy": float(window["correct"]) / tokens,
+             "exact_match": float(window["exact"]) / seqs,
+             "grad_norm": float(window["grad_norm_sum"]) / steps,
+             "learning_rate": float(window["learning_rate"])}
+    if float(window["loss_sum"]) != float(window["nll_sum"]):
+        means["smoothed_loss"] = float(window["loss_sum"]) / tokens
+    return means

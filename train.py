@@ -1,0 +1,44 @@
+"""Train a model on a toy task: ``python train.py CONFIG.toml [section.key=value ...]``.
+
+Running it again on the same workdir resumes from the newest good checkpoint.
+SIGTERM / Ctrl-C save the current step and exit 0. Exit 2: bad config or checkpoint;
+exit 1: non-finite loss (nothing saved after it).
+"""
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="experiment TOML, e.g. configs/reverse.toml")
+    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=500")
+    parser.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto",
+                        help="tqdm bar or plain lines (auto: a bar on a TTY)")
+    args = parser.parse_args(argv)
+
+    from tfmjax.config import ConfigError, load
+    from tfmjax.train.checkpoint import CheckpointError
+    from tfmjax.train.loop import NonFiniteLossError, train
+
+    try:
+        experiment = load(args.config, args.overrides)
+        result = train(experiment, progress={"auto": None, "bar": True, "lines": False}[args.progress])
+    except (ConfigError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    ev = result["eval"] or {}
+    summary = f"step {result['step']}" + (" (stopped)" if result["stopped"] else "")
+    if ev:
+        summary += f"; eval exact_match {ev['exact_match']:.4f}, loss {ev['loss']:.4f}"
+    print(f"done: {summary}; workdir {result['workdir']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
