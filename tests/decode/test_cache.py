@@ -100,8 +100,8 @@ def test_cache_size_matches_formula_and_pytree(name, overrides):
     K, H = cfg.kv_heads, cfg.head_width
     formula = 2 * B * L * K * S * H * 4           # seed 000 §4.7, float32
     assert len(cache.layers) == L
-    for sa in cache.self_attention:                # per layer: [B, S_max, K, H]
-        assert sa["k"].shape == sa["v"].shape == (B, S, K, H)
+    for sa in cache.self_attention:                # per layer, head-major: [B, K, S_max, H]
+        assert sa["k"].shape == sa["v"].shape == (B, K, S, H)
     assert cache.kv_bytes == formula == kv_cache_bytes(B, L, K, S, H, jnp.float32)
     assert config_kv_cache_bytes(cfg, B, S) == formula
     assert cache.nbytes == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
@@ -117,7 +117,7 @@ def test_gpt2_small_cache_bytes_without_memory():
     cfg = preset("gpt2-small")
     cache = jax.eval_shape(lambda: init_cache(cfg, 8, 1024))
     ks = [layer["k"] for layer in cache.layers]
-    assert len(ks) == 12 and ks[0].shape == (8, 1024, 12, 64)
+    assert len(ks) == 12 and ks[0].shape == (8, 12, 1024, 64)
     assert sum(2 * k.size * k.dtype.itemsize for k in ks) == config_kv_cache_bytes(cfg, 8, 1024)
     assert config_kv_cache_bytes(cfg, 8, 1024) == 2 * 8 * 12 * 12 * 1024 * 64 * 4
 

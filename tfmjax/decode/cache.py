@@ -4,7 +4,7 @@ Layout (``L`` decoder layers, ``B`` rows, ``S`` slots, ``K`` key/value heads, ``
 
 * ``layers``: a tuple of ``L`` per-layer caches, the form the model's unrolled layer stack
   updates in place (a stacked ``[L, ...]`` cache would be sliced and re-stacked, i.e.
-  copied whole, every step). Decoder-only layer: ``{"k", "v": [B,S,K,H],
+  copied whole, every step). Decoder-only layer: ``{"k", "v": [B,K,S,H],
   "segment_ids": [B,S], "index": []}`` (see :func:`tfmjax.layers.attention.init_cache`).
   Encoder-decoder layer: ``{"self": <that>, "cross": {"k", "v": [B,S_enc,K,H]}}``;
   ``"cross"`` appears after the first decoder call, which projects the encoder output once.
@@ -13,8 +13,11 @@ Layout (``L`` decoder layers, ``B`` rows, ``S`` slots, ``K`` key/value heads, ``
 * ``encoded [B,S_enc,D]``, ``encoded_segment_ids [B,S_enc]``: encoder output (encoder-decoder
   only; None for decoder-only), computed once at prefill.
 
-Only the ``K`` key/value heads are stored, so GQA/MQA shrink the cache by ``N/K``. Slots are
-preallocated; a slot with segment id 0 (left padding, or not yet written) is never attended.
+Keys and values are head-major (``K`` before ``S``): the attention matmuls then read them in
+place instead of transposing every layer's cache at every step (see
+:mod:`tfmjax.layers.attention`). Only the ``K`` key/value heads are stored, so GQA/MQA shrink
+the cache by ``N/K``. Slots are preallocated; a slot with segment id 0 (left padding, or not
+yet written) is never attended.
 Sliding-window models keep every slot and mask by distance (no ring buffer).
 """
 from __future__ import annotations
@@ -75,7 +78,7 @@ class KVCache:
     @property
     def capacity(self) -> int:
         """Preallocated slots ``S`` per row."""
-        return self.self_attention[0]["k"].shape[1]
+        return self.self_attention[0]["k"].shape[2]
 
     @property
     def index(self):

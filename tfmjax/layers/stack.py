@@ -3,8 +3,8 @@
 Blocks have the signature ``block(x, cache, inputs) -> (x, cache)``. A stack's cache is
 either stacked (leaves with a leading ``[L]`` axis) or a tuple of ``L`` per-layer caches,
 returned in the same form; unrolled stacks update per-layer caches without copying the
-other layers' (what decoding uses). Scanned parameters
-carry a leading ``[L]`` axis under ``layers``; unrolled ones live in ``layer_0 .. layer_{L-1}``.
+other layers' (what decoding uses). Scanned parameters carry a leading ``[L]`` axis under
+``layers``; unrolled ones live in ``layer_0 .. layer_{L-1}``.
 :func:`unstack_params` and :func:`stack_params` convert between the two layouts.
 """
 from __future__ import annotations

@@ -47,7 +47,7 @@ class DecoderOnly(nn.Module):
         T = input_ids.shape[1]
         first = None if cache is None else layer_cache(cache, 0)
         offset = 0 if cache is None else first["index"]
-        kv_len = T if cache is None else first["k"].shape[1]
+        kv_len = T if cache is None else first["k"].shape[2]
         slopes, bias = self.extras(T, kv_len, offset)
         x = self.embedder(input_ids, positions, deterministic=self.deterministic)
         x, cache = self.stack(x, cache, BlockInputs(positions, segment_ids, slopes, bias))

@@ -66,7 +66,7 @@ class EncoderDecoder(nn.Module):
         T = input_ids.shape[1]
         first = None if cache is None else layer_cache(cache, 0)["self"]
         offset = 0 if cache is None else first["index"]
-        kv_len = T if cache is None else first["k"].shape[1]
+        kv_len = T if cache is None else first["k"].shape[2]
         slopes, bias = self.decoder_extras(T, kv_len, offset)
         x = self.embedder(input_ids, positions, deterministic=self.deterministic)
         inputs = BlockInputs(positions, segment_ids, slopes, bias, encoded,
