@@ -22,7 +22,8 @@ def main(argv=None) -> int:
 
     try:
         experiment = load(args.config, args.overrides)
-        result = train(experiment, progress={"auto": None, "bar": True, "lines": False}[args.progress])
+        progress = {"auto": None, "bar": True, "lines": False}[args.progress]
+        result = train(experiment, progress=progress)
     except (ConfigError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -77,7 +77,8 @@ def _greedy_decoder_only(model, params, batch, max_new_tokens: int) -> jax.Array
         ids = ids.at[rows, jnp.minimum(t + 1, W - 1)].set(jnp.where(t + 1 < W, y, ids[rows, W - 1]))
         return ids, out
 
-    return jax.lax.fori_loop(0, max_new_tokens, body, (ids, jnp.zeros((B, max_new_tokens), jnp.int32)))[1]
+    out = jnp.zeros((B, max_new_tokens), jnp.int32)
+    return jax.lax.fori_loop(0, max_new_tokens, body, (ids, out))[1]
 
 
 def greedy_predict(model, params, batch: dict, family: str, max_new_tokens: int) -> jax.Array:
@@ -95,7 +96,7 @@ def greedy_predict(model, params, batch: dict, family: str, max_new_tokens: int)
 
 
 def answer_targets(batch: dict, family: str, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """Host-side reference answers aligned with :func:`greedy_predict`: ``(ids, mask)`` ``[B,M]``."""
+    """Reference answers aligned with :func:`greedy_predict`: ``(ids, mask)``, ``[B,M]``."""
     if family == "encoder_decoder":
         targets = np.zeros((batch["targets"].shape[0], max_new_tokens), np.int32)
         width = min(max_new_tokens, batch["targets"].shape[1])
@@ -123,7 +124,7 @@ def row_sums(model, params, batch: dict, family: str) -> dict:
 
 
 def ids_to_text(vocab, ids) -> str:
-    """``vocab.decode`` that shows ids past the task vocabulary (a larger model vocab) as ``?ID``."""
+    """``vocab.decode``, but ids past the task vocabulary (model vocab is larger) show as ``?ID``."""
     words = []
     for i in (int(i) for i in ids):
         if i == EOS_ID:
@@ -247,7 +248,8 @@ def format_report(report: dict) -> str:
         lines.append(f"{key:<15} {report[key]:.4f}")
     rows = report["examples"]
     if rows:
-        width = {k: min(40, max(len(k), *(len(r[k]) for r in rows))) for k in ("input", "prediction", "target")}
+        width = {k: min(40, max(len(k), *(len(r[k]) for r in rows)))
+                 for k in ("input", "prediction", "target")}
         header = "  ".join(f"{k:<{width[k]}}" for k in width)
         lines += ["", header + "  ok", "-" * (len(header) + 4)]
         for r in rows:

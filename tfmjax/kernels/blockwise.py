@@ -40,9 +40,13 @@ from jax import lax
 
 from tfmjax.kernels import masks
 
-# Masked scores are set to this finite value (not -inf) so a row whose blocks so far
-# are all masked keeps a finite running max; its probabilities are zeroed explicitly.
+# Masked scores are set to MASK_VALUE (finite: no inf - inf) and the running row max
+# starts at ROW_MAX_INIT, far below any real score but far above MASK_VALUE. Then
+# exp(MASK_VALUE - m) == 0 for every row, even one that has seen only masked entries so
+# far (its m stays ROW_MAX_INIT), and no second select is needed after the exp; in the
+# backward exp(MASK_VALUE - lse) == 0 as well (lse = +inf for rows that see nothing).
 MASK_VALUE = -1e30
+ROW_MAX_INIT = 0.5 * MASK_VALUE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +236,7 @@ class _Scores:
                            num_full=geo.st.kv_len // geo.bk, full_ok=self.q_seg is None)
 
     def __call__(self, qb, kb, i, j, masked):
-        """Scaled scores plus ALiBi, masked entries at MASK_VALUE; and the mask (or None)."""
+        """Scaled scores plus ALiBi, masked entries (if ``masked``) at MASK_VALUE."""
         geo, st = self.geo, self.geo.st
         s = jnp.einsum(self.qk_spec, qb, kb, preferred_element_type=jnp.float32)
         if not self.prescaled:
@@ -242,13 +246,13 @@ class _Scores:
         if self.slopes is not None:
             s = s + masks.alibi_bias(self.slopes, q_pos, kv_pos)          # [G, bq, bk]
         if not masked:
-            return s, None
+            return s
         q_seg = None if self.q_seg is None else self.q_seg[i][None, :, None]
         kv_seg = None if self.kv_seg is None else self.kv_seg[j][None, None, :]
         mask = block_mask(q_pos[None, :, None], kv_pos[None, None, :], causal=st.causal,
                           window=st.window, q_seg=q_seg, kv_seg=kv_seg,
                           kv_len=st.kv_len if geo.nk * geo.bk != st.kv_len else None)
-        return jnp.where(mask, s, MASK_VALUE), mask
+        return jnp.where(mask, s, MASK_VALUE)
 
 
 def _forward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg, kv_seg,
@@ -262,18 +266,16 @@ def _forward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg
 
         def body(j, carry, masked):
             m, l, acc = carry
-            s, mask = scores(qb, k_b[j], i, j, masked)
+            s = scores(qb, k_b[j], i, j, masked)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.exp(s - m_new[..., None])
-            if masked:
-                p = jnp.where(mask, p, 0.0)
             alpha = jnp.exp(m - m_new)
             pv = jnp.einsum("GTS,SH->GTH", p.astype(v_b.dtype), v_b[j],
                             preferred_element_type=jnp.float32)
             return m_new, alpha * l + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
 
         rows = qb.shape[:-1]
-        init = (jnp.full(rows, MASK_VALUE, jnp.float32), jnp.zeros(rows, jnp.float32),
+        init = (jnp.full(rows, ROW_MAX_INIT, jnp.float32), jnp.zeros(rows, jnp.float32),
                 jnp.zeros(qb.shape, jnp.float32))
         m, l, acc = loop_over_ranges(*scores.ranges(i), body, init)
         seen = l > 0
@@ -300,10 +302,7 @@ def _backward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_se
         def body(j, carry, masked):
             dq, dk, dv = carry
             kb, vb = k_b[j], v_b[j]
-            s, mask = scores(qb, kb, i, j, masked)
-            p = jnp.exp(s - lseb[..., None])
-            if masked:
-                p = jnp.where(mask, p, 0.0)
+            p = jnp.exp(scores(qb, kb, i, j, masked) - lseb[..., None])
             dp = jnp.einsum("GTH,SH->GTS", dob, vb, preferred_element_type=jnp.float32)
             ds = (p * (dp - deltab[..., None])).astype(dt)
             f32 = dict(preferred_element_type=jnp.float32)

@@ -5,9 +5,11 @@ block) keeps the running max ``m``, denominator ``l`` and unnormalised output in
 float32 while it loops over the key blocks that block can see; it writes ``O`` and
 the log-sum-exp ``lse = m + log l``. The backward recomputes ``P = exp(S - lse)``
 (FlashAttention-2): a dK/dV kernel (one program per batch, key/value head, key block,
-looping over the ``G`` query heads of the group and their query blocks) and a dQ
-kernel (one program per batch, query head, query block, looping over key blocks).
-``delta = rowsum(dO * O)`` is a plain XLA reduction.
+looping over the ``G`` query heads of the group and their query blocks; it works on
+``S^T`` so that all its matmuls are in natural layout and ``lse`` is a lane-dense row)
+and a dQ kernel (one program per batch, query head, query block, looping over key
+blocks). ``delta = rowsum(dO * O)`` is a plain XLA reduction. No atomics, no T x S
+buffers; dK/dV of a group are summed in-kernel, so nothing is repeated per query head.
 
 Backends (``platform`` argument; default: the default JAX backend):
   * ``"cuda"`` / ``"gpu"``: **Triton** (``jax.experimental.pallas.triton``), the portable
@@ -25,10 +27,15 @@ padded to a power of two. Block geometry and masks are the ones of
 :mod:`tfmjax.kernels.blockwise` (:func:`~tfmjax.kernels.blockwise.block_range`,
 :func:`~tfmjax.kernels.blockwise.block_mask`, i.e. :func:`tfmjax.kernels.masks.allowed`).
 
-Limits: each program holds the whole key/value sequence of one head (GPU: in global
-memory, read block by block; TPU: in VMEM, so very long ``S`` needs smaller heads or
-more VMEM). A traced ``q_offset`` (decoding) is supported but disables block skipping.
-ALiBi slopes, segment ids and ``q_offset`` get no gradient.
+Limits: the loops over blocks run inside each program, over refs that hold the whole
+sequence of one head (forward and dQ: K and V; dK/dV: Q, dO of the group) — on GPU that
+is global memory read block by block; on TPU those refs are VMEM blocks, so with the
+default 16-32 MiB of scoped VMEM this suits S up to a few thousand at H=128 (longer
+sequences want jax's grid-over-KV TPU pipeline, ``ops/tpu/flash_attention.py``). Block
+shapes follow TPU tiling (multiples of 8 x 128 or full dims) and Triton's powers of two.
+A traced ``q_offset`` (decoding) is supported but disables block skipping. ALiBi slopes,
+segment ids and ``q_offset`` get no gradient. Lowering for both platforms is tested on
+CPU; compiling and running on a GPU/TPU has not been (no device here).
 """
 from __future__ import annotations
 
@@ -41,7 +48,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tfmjax.kernels import masks
-from tfmjax.kernels.blockwise import (MASK_VALUE, block_mask, block_range, distance_bounds,
+from tfmjax.kernels.blockwise import (MASK_VALUE, ROW_MAX_INIT, block_mask, block_range, distance_bounds,
                                       loop_over_ranges)
 
 _GPU = ("cuda", "gpu", "rocm")
@@ -130,28 +137,38 @@ class _Static:
 # Pieces shared by the three kernels.
 
 class _Block:
-    """Scores of one (query block, key block) pair, with ALiBi and masks."""
+    """Scores of one (query block, key block) pair with ALiBi and masks, as ``s [bq,bk]``
+    (``q_pos`` a column, ``kv_pos`` a row) or, ``transposed``, as ``s^T [bk,bq]`` (the
+    dK/dV kernel's orientation, where every matmul is then in its natural layout)."""
 
-    def __init__(self, st: _Static, offset, q_seg, slope, bq: int, bk: int):
-        self.st, self.offset, self.q_seg, self.slope = st, offset, q_seg, slope
-        self.bq, self.bk = bq, bk
+    def __init__(self, st: _Static, offset, slope, bq: int, bk: int, transposed=False):
+        self.st, self.offset, self.slope = st, offset, slope
+        self.bq, self.bk, self.transposed = bq, bk, transposed
 
-    def scores(self, q, k, q_start, k_start, kv_seg, masked):
-        """``q [bq,H]``, ``k [bk,H]`` -> float32 ``s [bq,bk]`` and the mask (or None)."""
-        st = self.st
-        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        s = s * st.scale
-        q_pos = self.offset + q_start + lax.broadcasted_iota(jnp.int32, (self.bq, 1), 0)
-        kv_pos = k_start + lax.broadcasted_iota(jnp.int32, (1, self.bk), 1)
-        if self.slope is not None:
-            alibi = masks.alibi_bias(self.slope.reshape(1), q_pos[:, 0], kv_pos[0, :])
-            s = s + alibi.reshape(self.bq, self.bk)
+    def scores(self, q, k, q_start, k_start, q_seg, kv_seg, masked):
+        """``q [bq,H]``, ``k [bk,H]`` -> float32 scores, masked entries at MASK_VALUE (see
+        :mod:`tfmjax.kernels.blockwise`: no select is needed after the exp)."""
+        st, bq, bk = self.st, self.bq, self.bk
+        rows, cols = (k, q) if self.transposed else (q, k)
+        s = lax.dot_general(rows, cols, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32) * st.scale
+        if self.transposed:      # q_pos a row [1,bq], kv_pos a column [bk,1]
+            q_pos = lax.broadcasted_iota(jnp.int32, (1, bq), 1)
+            kv_pos = lax.broadcasted_iota(jnp.int32, (bk, 1), 0)
+        else:                    # q_pos a column [bq,1], kv_pos a row [1,bk]
+            q_pos = lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+            kv_pos = lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+        q_pos = q_pos + (self.offset + q_start)
+        kv_pos = kv_pos + k_start
+        if self.slope is not None:       # -slope |p - s| is symmetric: rows x cols either way
+            row_pos, col_pos = (kv_pos, q_pos) if self.transposed else (q_pos, kv_pos)
+            alibi = masks.alibi_bias(self.slope.reshape(1), row_pos[:, 0], col_pos[0, :])
+            s = s + alibi.reshape(s.shape)
         if not masked:
-            return s, None
-        mask = block_mask(q_pos, kv_pos, causal=st.causal, window=st.window,
-                          q_seg=self.q_seg, kv_seg=kv_seg,
-                          kv_len=st.kv_len if st.kv_len % self.bk else None)
-        return jnp.where(mask, s, MASK_VALUE), mask
+            return s
+        mask = block_mask(q_pos, kv_pos, causal=st.causal, window=st.window, q_seg=q_seg,
+                          kv_seg=kv_seg, kv_len=st.kv_len if st.kv_len % bk else None)
+        return jnp.where(mask, s, MASK_VALUE)
 
 
 def _unpack(refs, st: _Static, names):
@@ -194,27 +211,25 @@ def _query_ranges(st: _Static, k_start, bq: int, bk: int, nq: int):
 def _fwd_kernel(*refs, st: _Static, bq: int, bk: int, nk: int):
     r, (o_ref, lse_ref) = _unpack(refs, st, ("q", "k", "v"))
     q_start = pl.program_id(2) * bq
-    blk = _Block(st, r["offset"][...], None if r["q_seg"] is None else r["q_seg"][...],
-                 None if r["slope"] is None else r["slope"][...], bq, bk)
+    blk = _Block(st, r["offset"][...], None if r["slope"] is None else r["slope"][...], bq, bk)
     q = r["q"][...]
+    q_seg = None if r["q_seg"] is None else r["q_seg"][...]
 
     def body(j, carry, masked):
         m, l, acc = carry
         k_start = pl.multiple_of(j * bk, bk)
         kv_seg = None if r["kv_seg"] is None else r["kv_seg"][:, pl.ds(k_start, bk)]
-        s, mask = blk.scores(q, r["k"][pl.ds(k_start, bk), :], q_start, k_start, kv_seg,
-                             masked)
+        s = blk.scores(q, r["k"][pl.ds(k_start, bk), :], q_start, k_start, q_seg, kv_seg,
+                       masked)
         m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
         p = jnp.exp(s - m_new)
-        if masked:
-            p = jnp.where(mask, p, 0.0)
         alpha = jnp.exp(m - m_new)
         v = r["v"][pl.ds(k_start, bk), :]
         pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                              preferred_element_type=jnp.float32)
         return m_new, alpha * l + jnp.sum(p, axis=1, keepdims=True), alpha * acc + pv
 
-    init = (jnp.full((bq, 1), MASK_VALUE, jnp.float32), jnp.zeros((bq, 1), jnp.float32),
+    init = (jnp.full((bq, 1), ROW_MAX_INIT, jnp.float32), jnp.zeros((bq, 1), jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
     m, l, acc = loop_over_ranges(*_key_ranges(st, q_start, bq, bk, nk), body, init)
     seen = l > 0
@@ -226,19 +241,16 @@ def _fwd_kernel(*refs, st: _Static, bq: int, bk: int, nk: int):
 def _dq_kernel(*refs, st: _Static, bq: int, bk: int, nk: int):
     r, (dq_ref,) = _unpack(refs, st, ("q", "k", "v", "do", "lse", "delta"))
     q_start = pl.program_id(2) * bq
-    blk = _Block(st, r["offset"][...], None if r["q_seg"] is None else r["q_seg"][...],
-                 None if r["slope"] is None else r["slope"][...], bq, bk)
+    blk = _Block(st, r["offset"][...], None if r["slope"] is None else r["slope"][...], bq, bk)
     q, do, lse, delta = r["q"][...], r["do"][...], r["lse"][...], r["delta"][...]
+    q_seg = None if r["q_seg"] is None else r["q_seg"][...]
 
     def body(j, dq, masked):
         k_start = pl.multiple_of(j * bk, bk)
         kv_seg = None if r["kv_seg"] is None else r["kv_seg"][:, pl.ds(k_start, bk)]
         k = r["k"][pl.ds(k_start, bk), :]
         v = r["v"][pl.ds(k_start, bk), :]
-        s, mask = blk.scores(q, k, q_start, k_start, kv_seg, masked)
-        p = jnp.exp(s - lse)
-        if masked:
-            p = jnp.where(mask, p, 0.0)
+        p = jnp.exp(blk.scores(q, k, q_start, k_start, q_seg, kv_seg, masked) - lse)
         dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
         return dq + lax.dot_general(ds.astype(k.dtype), k, (((1,), (0,)), ((), ())),
@@ -250,32 +262,34 @@ def _dq_kernel(*refs, st: _Static, bq: int, bk: int, nk: int):
 
 
 def _dkv_kernel(*refs, st: _Static, bq: int, bk: int, nq: int):
+    """dK, dV of one key block, in the transposed orientation: ``S^T = K Q^T [bk,bq]``,
+    ``dV += P^T dO``, ``dK += dS^T Q``. Row statistics come as rows ``lse, delta [1,bq]``,
+    segment ids as ``q_seg [1,Tp]`` and ``kv_seg [bk,1]``."""
     r, (dk_ref, dv_ref) = _unpack(refs, st, ("q", "k", "v", "do", "lse", "delta"))
     k_start = pl.program_id(2) * bk
     k, v = r["k"][...], r["v"][...]
     kv_seg = None if r["kv_seg"] is None else r["kv_seg"][...]
     ranges = _query_ranges(st, k_start, bq, bk, nq)
+    nt = (((1,), (1,)), ((), ()))        # A B^T
+    nn = (((1,), (0,)), ((), ()))        # A B
 
     def head(g, carry):
-        slope = None if r["slope"] is None else r["slope"][g]
+        blk = _Block(st, r["offset"][...], None if r["slope"] is None else r["slope"][g],
+                     bq, bk, transposed=True)
 
         def body(i, carry, masked):
             dk, dv = carry
             q_start = pl.multiple_of(i * bq, bq)
             rows = pl.ds(q_start, bq)
-            q_seg = None if r["q_seg"] is None else r["q_seg"][rows, :]
-            blk = _Block(st, r["offset"][...], q_seg, slope, bq, bk)
+            q_seg = None if r["q_seg"] is None else r["q_seg"][:, rows]
             q, do = r["q"][g, rows, :], r["do"][g, rows, :]
-            s, mask = blk.scores(q, k, q_start, k_start, kv_seg, masked)
-            p = jnp.exp(s - r["lse"][g, rows, :])
-            if masked:
-                p = jnp.where(mask, p, 0.0)
-            dv = dv + lax.dot_general(p.astype(do.dtype), do, (((0,), (0,)), ((), ())),
+            s_t = blk.scores(q, k, q_start, k_start, q_seg, kv_seg, masked)
+            p_t = jnp.exp(s_t - r["lse"][g, :, rows])
+            dv = dv + lax.dot_general(p_t.astype(do.dtype), do, nn,
                                       preferred_element_type=jnp.float32)
-            dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
-            ds = p * (dp - r["delta"][g, rows, :])
-            dk = dk + lax.dot_general(ds.astype(q.dtype), q, (((0,), (0,)), ((), ())),
+            dp_t = lax.dot_general(v, do, nt, preferred_element_type=jnp.float32)
+            ds_t = p_t * (dp_t - r["delta"][g, :, rows])
+            dk = dk + lax.dot_general(ds_t.astype(q.dtype), q, nn,
                                       preferred_element_type=jnp.float32)
             return dk, dv
 
@@ -353,14 +367,19 @@ def _backward(st: _Static, res, d_out):
     )(q, k, v, d_out, lse, delta, *extra_args)
 
     # dK, dV: one program per (b, key/value head h, key block j), looping over the G
-    # query heads h*G .. h*G+G-1 and their query blocks.
+    # query heads h*G .. h*G+G-1 and their query blocks. Row statistics and segment ids
+    # are transposed for the kernel's S^T orientation: lse, delta [B,N,1,Tp] (lane-dense
+    # rows), q_seg [B,1,Tp], kv_seg [B,Sp,1].
     bq, bk, nq, _ = st.geometry(st.blocks.block_q_dkv, st.blocks.block_k_dkv)
     group_spec = pl.BlockSpec((None, G, Tp, Hp), lambda b, h, j: (b, h, 0, 0))
-    group_rows = pl.BlockSpec((None, G, Tp, 1), lambda b, h, j: (b, h, 0, 0))
+    group_rows = pl.BlockSpec((None, G, 1, Tp), lambda b, h, j: (b, h, 0, 0))
     kv_spec = pl.BlockSpec((None, None, bk, Hp), lambda b, h, j: (b, h, j, 0))
-    extras = _extras_specs(st, pl.BlockSpec((None, Tp, 1), lambda b, h, j: (b, 0, 0)),
-                           pl.BlockSpec((None, 1, bk), lambda b, h, j: (b, 0, j)),
+    extras = _extras_specs(st, pl.BlockSpec((None, 1, Tp), lambda b, h, j: (b, 0, 0)),
+                           pl.BlockSpec((None, bk, 1), lambda b, h, j: (b, j, 0)),
                            pl.BlockSpec((G, 1, 1), lambda b, h, j: (h, 0, 0)))
+    rows_t = lambda x: jnp.swapaxes(x, -1, -2)  # noqa: E731
+    extra_args = _extras(offset, None if q_seg is None else rows_t(q_seg),
+                         None if kv_seg is None else rows_t(kv_seg), slopes)
     dk, dv = st.call(
         functools.partial(_dkv_kernel, st=st, bq=bq, bk=bk, nq=nq),
         grid=(B, K, Sp // bk),
@@ -369,7 +388,7 @@ def _backward(st: _Static, res, d_out):
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
                    jax.ShapeDtypeStruct(v.shape, v.dtype)],
         name="tfmjax_flash_dkv",
-    )(q, k, v, d_out, lse, delta, *extra_args)
+    )(q, k, v, d_out, rows_t(lse), rows_t(delta), *extra_args)
     return dq, dk, dv
 
 

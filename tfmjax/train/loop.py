@@ -140,7 +140,8 @@ def _build_run(experiment: Experiment) -> Run:
         check_batch(sample, m)
     except InputError as err:
         raise ConfigError(str(err)) from None
-    run.tokens_per_step = sum(int(x.size) for k, x in sample.items() if k in ("inputs", "targets", "tokens"))
+    run.tokens_per_step = sum(int(x.size) for k, x in sample.items()
+                              if k in ("inputs", "targets", "tokens"))
     return run
 
 
@@ -311,15 +312,15 @@ def train(experiment: Experiment, *, stream=None, progress: bool | None = None,
     run = build_run(experiment)
     workdir = Path(experiment.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    ckpt = Checkpointer(workdir.resolve(), keep=experiment.train.keep_checkpoints,
-                        best_metric=experiment.train.best_metric,
-                        best_mode="min" if experiment.train.best_metric in LOWER_IS_BETTER else "max")
+    t = experiment.train
+    ckpt = Checkpointer(workdir.resolve(), keep=t.keep_checkpoints, best_metric=t.best_metric,
+                        best_mode="min" if t.best_metric in LOWER_IS_BETTER else "max")
     with contextlib.ExitStack() as stack:
         stack.callback(ckpt.close)
         state, start = _restore(run, ckpt, run.batch(0))
-        log = MetricsLog(workdir, resume_step=start, tensorboard=experiment.train.tensorboard)
+        log = MetricsLog(workdir, resume_step=start, tensorboard=t.tensorboard)
         stack.callback(log.close)
-        console = Console(total=experiment.train.steps, initial=start, stream=stream, progress=progress)
+        console = Console(total=t.steps, initial=start, stream=stream, progress=progress)
         stack.callback(console.close)
         _header(run, state.params, start, console)
         loop = _Loop(run, console, log, ckpt, start or None, on_step)

@@ -57,7 +57,8 @@ def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Sch
     """The pure step for ``model`` (built with ``deterministic=False`` for dropout).
 
     ``schedule`` only reports the learning rate; ``tx`` must already contain it.
-    Returns ``train_step(state, batch) -> (state, metrics)``, not jitted (see :func:`jit_train_step`).
+    Returns ``train_step(state, batch) -> (state, metrics)``, not jitted
+    (see :func:`jit_train_step`).
     """
     def grad_sums(params, batch, rng):
         def loss_fn(p):
@@ -77,7 +78,8 @@ def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Sch
             grads, sums = grad_sums(params, micro, jax.random.fold_in(rng, index))
             return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
-        zeros = (jax.tree.map(jnp.zeros_like, params), {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS})
+        zeros = (jax.tree.map(jnp.zeros_like, params),
+                 {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS})
         xs = (jnp.arange(grad_accum_steps), _microbatches(batch, grad_accum_steps))
         return jax.lax.scan(body, zeros, xs)[0]
 
