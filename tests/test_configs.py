@@ -24,6 +24,7 @@ def test_every_task_has_both_families():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_config_loads_builds_and_traces_a_step(path):
     """Fast: the full config is valid; the shrunk one builds and its step traces (no compile)."""
+    assert "# measured:" in path.read_text(), f"{path.name}: state the measured accuracy and time"
     full = load(path)
     assert full.model.family == ("decoder_only" if path.stem.endswith("_decoder") else "encoder_decoder")
     run = build_run(full)                       # checks vocab, batch split, schedule, eval batches

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -103,7 +104,9 @@ class Console:
         self.bar = None
         if tty if progress is None else progress:
             from tqdm import tqdm
-            self.bar = tqdm(total=total, initial=initial, file=self.stream, dynamic_ncols=True,
+            sized = shutil.get_terminal_size((0, 0)).lines > 0  # a 0x0 pty hides tqdm's bar
+            self.bar = tqdm(total=total, initial=initial, file=self.stream, dynamic_ncols=sized,
+                            ncols=None if sized else 100, nrows=None if sized else 24,
                             unit="step", mininterval=0.25)
 
     def step(self) -> None:
