@@ -1,12 +1,16 @@
 """Evaluate a checkpoint: ``python eval.py WORKDIR_OR_CHECKPOINT [--split eval|length] [--num-examples N]``.
 
-The config is read from the checkpoint. Prints a table and writes ``eval.json`` into the
-workdir. Exit 2 (one line on stderr) for a missing or incompatible checkpoint.
+Answers are decoded with the KV-cached ``tfmjax.decode.generate``: ``--decode greedy``
+(default), ``beam`` (``--beam-size``, ``--alpha``) or ``sample`` (``--temperature``, and
+``--top-k`` or ``--top-p``; ``--seed``). The config is read from the checkpoint. Prints a
+table and writes ``eval.json`` into the workdir. Exit 2 (one line on stderr) for a missing or incompatible checkpoint.
 """
 import argparse
 import json
 import sys
 from pathlib import Path
+
+from tfmjax.decode.options import add_decode_arguments, strategy_from_args
 
 
 def main(argv=None) -> int:
@@ -17,6 +21,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=None, help="default: data.batch_size")
     parser.add_argument("--rows", type=int, default=5, help="example rows to show")
     parser.add_argument("--out", default=None, help="report path (default: WORKDIR/eval.json)")
+    add_decode_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("num_examples", "batch_size"):
         value = getattr(args, name)
@@ -29,9 +34,11 @@ def main(argv=None) -> int:
     from tfmjax.train.checkpoint import CheckpointError
 
     try:
+        strategy = strategy_from_args(args)
         report = evaluate_checkpoint(args.path, split=args.split, num_examples=args.num_examples,
-                                     batch_size=args.batch_size, num_rows=args.rows)
-    except (CheckpointError, ConfigError) as err:
+                                     batch_size=args.batch_size, num_rows=args.rows,
+                                     strategy=strategy, decode_seed=args.seed)
+    except (CheckpointError, ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path(report["workdir"]) / "eval.json"

@@ -6,9 +6,9 @@ loop calls every ``train.eval_every`` steps and what ``eval.py`` calls on a chec
 Metrics (over exactly ``num_examples`` examples):
   loss, perplexity     teacher-forced NLL per target token (and exp of it)
   token_accuracy       teacher-forced argmax accuracy per target token
-  exact_match          share of examples whose greedy decode equals the target (incl. EOS)
-Decoding is an uncached greedy loop (:func:`greedy_predict`), one full forward pass per
-new token; it is the obviously-correct twin the KV-cached decoder must agree with.
+  exact_match          share of examples whose decode equals the target (incl. EOS)
+Decoding is KV-cached :func:`tfmjax.decode.generate` with a strategy (greedy by default;
+beam search or sampling from ``eval.py --decode``).
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import math
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from tfmjax.data import BOS_ID, EOS_ID, PAD_ID, eval_batches, split_prompt_answer
+from tfmjax.data import EOS_ID, PAD_ID, eval_batches, split_prompt_answer
+from tfmjax.decode import Greedy, generate
+from tfmjax.decode.prompts import check_lengths, prompt_lengths
 from tfmjax.models import build
 from tfmjax.models.checks import check_batch
 from tfmjax.train.losses import cross_entropy, token_accuracy
@@ -31,72 +32,23 @@ EVAL_SEED = 0  # the eval stream is the same for every run (train.seed changes o
 NUM_ROWS = 5   # example rows kept for reports
 
 
-def _finish(out: jax.Array) -> jax.Array:
-    """PAD every position after the first EOS of each row. ``[B,M] -> [B,M]``."""
-    seen_eos = jnp.cumsum(out == EOS_ID, axis=1) - (out == EOS_ID)
-    return jnp.where(seen_eos > 0, PAD_ID, out)
+def decode_prompts(batch: dict, family: str) -> np.ndarray:
+    """What :func:`tfmjax.decode.generate` continues, ``[B,P]`` right-padded with 0.
 
-
-def _greedy_encoder_decoder(model, params, batch, max_new_tokens: int) -> jax.Array:
-    inputs = batch["inputs"]
-    B, M = inputs.shape[0], max_new_tokens
-    encoded = model.apply(params, inputs, method="encode")
-    enc_segments = (inputs != PAD_ID).astype(jnp.int32)
-    positions = jnp.broadcast_to(jnp.arange(M), (B, M))
-    segments = jnp.ones((B, M), jnp.int32)
-
-    def body(j, carry):
-        ids, out = carry
-        logits, _ = model.apply(params, ids, positions, segments, encoded, enc_segments,
-                                method="decode")
-        y = jnp.argmax(logits[:, j], axis=-1).astype(jnp.int32)  # [B]
-        out = out.at[:, j].set(y)
-        ids = jnp.where(j + 1 < M, ids.at[:, jnp.minimum(j + 1, M - 1)].set(y), ids)
-        return ids, out
-
-    ids = jnp.zeros((B, M), jnp.int32).at[:, 0].set(BOS_ID)
-    return jax.lax.fori_loop(0, M, body, (ids, jnp.zeros((B, M), jnp.int32)))[1]
-
-
-def _greedy_decoder_only(model, params, batch, max_new_tokens: int) -> jax.Array:
-    tokens, prompt_len = batch["tokens"], batch["prompt_len"]
-    B, W = tokens.shape
-    rows = jnp.arange(B)
-    idx = jnp.broadcast_to(jnp.arange(W), (B, W))
-    shifted = jnp.pad(tokens, ((0, 0), (1, 0)), constant_values=BOS_ID)[:, :-1]
-    ids = jnp.where(idx <= prompt_len[:, None], shifted, PAD_ID).astype(jnp.int32)
-    segments = jnp.ones((B, W), jnp.int32)
-
-    def body(j, carry):
-        ids, out = carry
-        logits, _ = model.apply(params, ids, idx, segments, method="forward")
-        t = prompt_len + j  # [B] position whose token is predicted now
-        y = jnp.argmax(logits[rows, jnp.minimum(t, W - 1)], axis=-1).astype(jnp.int32)
-        y = jnp.where(t < W, y, PAD_ID)
-        out = out.at[:, j].set(y)
-        ids = ids.at[rows, jnp.minimum(t + 1, W - 1)].set(jnp.where(t + 1 < W, y, ids[rows, W - 1]))
-        return ids, out
-
-    out = jnp.zeros((B, max_new_tokens), jnp.int32)
-    return jax.lax.fori_loop(0, max_new_tokens, body, (ids, out))[1]
-
-
-def greedy_predict(model, params, batch: dict, family: str, max_new_tokens: int) -> jax.Array:
-    """Greedy answers ``[B, max_new_tokens]`` int32: the target tokens, EOS, then PAD.
-
-    Encoder-decoder: decodes from BOS given ``batch["inputs"]``. Decoder-only: continues
-    each row of ``batch["tokens"]`` after its prompt (``batch["prompt_len"]``, incl. SEP);
-    the answer part of ``tokens`` is never read. Uncached: one full forward per token.
+    Encoder-decoder: the encoder inputs (``source EOS``). Decoder-only: each row's prompt
+    ``source SEP`` (the first ``prompt_len`` tokens); the answer part is never read.
     """
     if family == "encoder_decoder":
-        out = _greedy_encoder_decoder(model, params, batch, max_new_tokens)
-    else:
-        out = _greedy_decoder_only(model, params, batch, max_new_tokens)
-    return _finish(out)
+        return np.asarray(batch["inputs"])
+    tokens, prompt_len = np.asarray(batch["tokens"]), np.asarray(batch["prompt_len"])
+    width = int(prompt_len.max())
+    keep = np.arange(width)[None, :] < prompt_len[:, None]
+    return np.where(keep, tokens[:, :width], PAD_ID).astype(np.int32)
 
 
 def answer_targets(batch: dict, family: str, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """Reference answers aligned with :func:`greedy_predict`: ``(ids, mask)``, ``[B,M]``."""
+    """Reference answers aligned with generated tokens (answer, EOS, then PAD): ``(ids, mask)``,
+    ``[B,M]``; ``mask`` marks the positions that must match."""
     if family == "encoder_decoder":
         targets = np.zeros((batch["targets"].shape[0], max_new_tokens), np.int32)
         width = min(max_new_tokens, batch["targets"].shape[1])
@@ -149,30 +101,36 @@ def decode_rows(task, batch: dict, predictions: np.ndarray, exact: np.ndarray, f
 
 
 class Evaluator:
-    """Fixed eval batches of one split, with the jitted teacher-forced and greedy functions."""
+    """Fixed eval batches of one split, the jitted teacher-forced sums and a decode strategy.
+
+    ``strategy`` (default ``Greedy()``) decodes the answers; ``decode_seed`` seeds sampling
+    strategies (batch ``i`` uses ``fold_in(key(decode_seed), i)``).
+    """
 
     def __init__(self, model_config, task, *, batch_size: int, num_examples: int,
-                 split: str = "eval", seed: int = EVAL_SEED):
+                 split: str = "eval", seed: int = EVAL_SEED, strategy=None, decode_seed: int = 0):
         self.family, self.task, self.split = model_config.family, task, split
         self.num_examples = num_examples
+        self.strategy = Greedy() if strategy is None else strategy
+        self.decode_key = jax.random.key(decode_seed)
         self.batches = eval_batches(task, family=self.family, batch_size=batch_size,
                                     num_examples=num_examples, seed=seed, split=split)
+        self.max_new_tokens = task.max_target_len(split) + 1  # + EOS
         for batch in self.batches:
             check_batch(batch, model_config)
-        self.max_new_tokens = task.max_target_len(split) + 1  # + EOS
-        model = build(model_config, deterministic=True)
-        self._row_sums = jax.jit(functools.partial(row_sums, model, family=self.family))
-        self._greedy = jax.jit(functools.partial(greedy_predict, model, family=self.family,
-                                                 max_new_tokens=self.max_new_tokens))
+            check_lengths(model_config, prompt_lengths(decode_prompts(batch, self.family)),
+                          self.max_new_tokens)
+        self.model = build(model_config, deterministic=True)
+        self._row_sums = jax.jit(functools.partial(row_sums, self.model, family=self.family))
 
     def __call__(self, params, num_rows: int = NUM_ROWS) -> tuple[dict, list[dict]]:
         start = time.perf_counter()
         sums = {"nll": 0.0, "tokens": 0.0, "correct": 0.0, "exact": 0}
         left, rows = self.num_examples, []
-        for batch in self.batches:
+        for i, batch in enumerate(self.batches):
             n = min(left, len(batch[next(iter(batch))]))
             per_row = jax.device_get(self._row_sums(params, batch))
-            predictions = np.asarray(self._greedy(params, batch))
+            predictions = self.predict(params, batch, jax.random.fold_in(self.decode_key, i))
             targets, mask = answer_targets(batch, self.family, self.max_new_tokens)
             exact = np.all((predictions == targets) | ~mask, axis=1)
             for key in ("nll", "tokens", "correct"):
@@ -183,6 +141,12 @@ class Evaluator:
                                     min(n, num_rows - len(rows)))
             left -= n
         return self._metrics(sums, time.perf_counter() - start), rows
+
+    def predict(self, params, batch: dict, rng=None) -> np.ndarray:
+        """Decoded answers ``[B, max_new_tokens]``: tokens, EOS, then PAD."""
+        out = generate(self.model, params, decode_prompts(batch, self.family), self.strategy,
+                       self.max_new_tokens, rng=rng)
+        return np.asarray(out.tokens)
 
     def _metrics(self, sums: dict, seconds: float) -> dict:
         tokens = max(sums["tokens"], 1.0)
@@ -210,9 +174,11 @@ def _latest_step(workdir: Path) -> int | None:
 
 
 def evaluate_checkpoint(path: str | Path, *, split: str = "eval", num_examples: int | None = None,
-                        batch_size: int | None = None, num_rows: int = NUM_ROWS) -> dict:
+                        batch_size: int | None = None, num_rows: int = NUM_ROWS,
+                        strategy=None, decode_seed: int = 0) -> dict:
     """Evaluate the params of a checkpoint (a workdir, its ``checkpoints`` dir or a step dir).
 
+    ``strategy`` decodes the answers (default ``Greedy()``; see :class:`Evaluator`).
     The config comes from the checkpoint. Raises CheckpointError (missing, corrupt) or
     ConfigError (a config, split or size that does not fit), each with a one-line message.
     """
@@ -229,21 +195,23 @@ def evaluate_checkpoint(path: str | Path, *, split: str = "eval", num_examples: 
     try:
         task = make_task(data.task, **data.task_params)
         evaluator = Evaluator(experiment.model, task, batch_size=batch_size or data.batch_size,
-                              num_examples=num_examples or data.eval_examples, split=split)
+                              num_examples=num_examples or data.eval_examples, split=split,
+                              strategy=strategy, decode_seed=decode_seed)
     except (ValueError, InputError) as err:
         raise ConfigError(str(err)) from None
     metrics, rows = evaluator(params, num_rows=num_rows)
     return {"checkpoint": str(path), "workdir": str(workdir),
             "step": step if step is not None else _latest_step(workdir),
             "experiment": experiment.name, "family": experiment.model.family, "task": data.task,
-            "split": split, **metrics, "examples": rows}
+            "split": split, "decode": repr(evaluator.strategy), **metrics, "examples": rows}
 
 
 def format_report(report: dict) -> str:
     """A printable table: the metrics, then a few input / prediction / target rows."""
     lines = [f"checkpoint      {report['checkpoint']} (step {report['step']})",
              f"model / task    {report['family']} / {report['task']}",
-             f"split           {report['split']} ({report['num_examples']} examples)"]
+             f"split           {report['split']} ({report['num_examples']} examples)",
+             f"decode          {report['decode']}"]
     for key in ("loss", "perplexity", "token_accuracy", "exact_match"):
         lines.append(f"{key:<15} {report[key]:.4f}")
     rows = report["examples"]

@@ -2,7 +2,8 @@
 
 The checkpoint under WORKDIR (written by the training loop) holds the experiment config and
 the params; the task's vocabulary turns text into ids and back. ``--input`` may be repeated
-(one batch). Strategies: greedy (default), temperature, top_k, top_p, beam.
+(one batch). ``--decode greedy|beam|sample`` with ``--beam-size``, ``--temperature``,
+``--top-k``, ``--top-p`` (:mod:`tfmjax.decode.options`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import jax
 
 from tfmjax.config import ModelConfig
 from tfmjax.data.vocab import EOS_ID, SEP_ID, Vocab
-from tfmjax.decode import BeamSearch, Greedy, Temperature, TopK, TopP, generate
+from tfmjax.decode import generate
+from tfmjax.decode.options import add_decode_arguments, strategy_from_args
 from tfmjax.models import build
 
 
@@ -38,35 +40,15 @@ def generate_from_text(model_config: ModelConfig, params, vocab: Vocab, text, st
     return answers[0] if isinstance(text, str) else answers
 
 
-def make_strategy(args: argparse.Namespace):
-    """The strategy named on the command line, with its options."""
-    if args.strategy == "greedy":
-        return Greedy()
-    if args.strategy == "temperature":
-        return Temperature(args.temperature)
-    if args.strategy == "top_k":
-        return TopK(args.top_k, args.temperature)
-    if args.strategy == "top_p":
-        return TopP(args.top_p, args.temperature)
-    return BeamSearch(args.beam_size, args.alpha)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tfmjax.generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workdir", help="training workdir (or its checkpoints dir, or one step)")
     parser.add_argument("--input", action="append", required=True,
                         help='space-separated task symbols, e.g. "c a b" (repeatable)')
-    parser.add_argument("--strategy", default="greedy",
-                        choices=("greedy", "temperature", "top_k", "top_p", "beam"))
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="default: the task's longest eval target + 1 (EOS)")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=5)
-    parser.add_argument("--top-p", type=float, default=0.9)
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    add_decode_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -86,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tfmjax.data import make_task
     from tfmjax.train.checkpoint import CheckpointError
     try:
-        strategy = make_strategy(args)
+        strategy = strategy_from_args(args)
         experiment, params = load(args.workdir)
         task = make_task(experiment.data.task, **experiment.data.task_params)
         max_new = args.max_new_tokens or task.max_target_len("eval") + 1

@@ -6,7 +6,8 @@ from tfmjax.config import DataConfig, Experiment
 from tfmjax.data import make_task
 from tfmjax.data.vocab import SEP_ID
 from tfmjax.decode import BeamSearch, Greedy, Temperature, TopK, TopP, generate
-from tfmjax.generate import generate_from_text, main, make_strategy, parse_args
+from tfmjax.decode.options import strategy_from_args
+from tfmjax.generate import generate_from_text, main, parse_args
 
 TASK_PARAMS = {"max_len": 5, "num_symbols": 6}
 
@@ -53,9 +54,14 @@ def test_cli_loads_checkpoint_and_prints_answers(setup, tmp_path, capsys):
 
 def test_cli_strategies():
     def strategy(*flags):
-        return make_strategy(parse_args(["wd", "--input", "a", *flags]))
+        return strategy_from_args(parse_args(["wd", "--input", "a", *flags]))
     assert strategy() == Greedy()
-    assert strategy("--strategy", "top_k", "--top-k", "2", "--temperature", "0.5") == TopK(2, 0.5)
-    assert strategy("--strategy", "top_p", "--top-p", "0.8") == TopP(0.8)
-    assert strategy("--strategy", "temperature", "--temperature", "2") == Temperature(2.0)
-    assert strategy("--strategy", "beam", "--beam-size", "3", "--alpha", "0") == BeamSearch(3, 0.0)
+    assert strategy("--decode", "sample") == Temperature(1.0)
+    assert strategy("--decode", "sample", "--top-k", "2", "--temperature", "0.5") == TopK(2, 0.5)
+    assert strategy("--decode", "sample", "--top-p", "0.8") == TopP(0.8)
+    assert strategy("--decode", "sample", "--temperature", "2") == Temperature(2.0)
+    assert strategy("--decode", "beam", "--beam-size", "3", "--alpha", "0") == BeamSearch(3, 0.0)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        strategy("--decode", "sample", "--top-k", "2", "--top-p", "0.5")
+    with pytest.raises(ValueError, match="TopK"):
+        strategy("--decode", "sample", "--top-k", "0")

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from tfmjax.config import ModelConfig, from_dict
-from tfmjax.data import EOS_ID, PAD_ID, make_batch, make_task
-from tfmjax.evaluate import answer_targets, evaluate_checkpoint, format_report, greedy_predict
-from tfmjax.models import build
+from tfmjax.data import EOS_ID, PAD_ID, make_task
+from tfmjax.evaluate import Evaluator, answer_targets, evaluate_checkpoint, format_report
 from tfmjax.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,24 +36,43 @@ def _teacher_forced_argmax(model, params, batch, family, predictions):
 
 
 @pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
-def test_greedy_equals_teacher_forced_argmax(family):
+def test_eval_decode_equals_teacher_forced_argmax(family):
+    """The evaluator's (cached, greedy) answers reproduce themselves under teacher forcing."""
     cfg = ModelConfig(family=family, vocab_size=16, d_model=16, num_heads=2, d_ff=32,
                       num_layers=1, tie_embeddings=False)
-    model = build(cfg)
-    batch = make_batch(TASK, family=family, batch_size=8, seed=0, step=0)
-    params = model.init(jax.random.key(1), batch)
-    m = TASK.max_target_len("train") + 1
-    predictions = np.asarray(greedy_predict(model, params, batch, family, m))
+    evaluator = Evaluator(cfg, TASK, batch_size=8, num_examples=8)
+    batch = evaluator.batches[0]
+    params = evaluator.model.init(jax.random.key(1), batch)
+    m = evaluator.max_new_tokens
+    predictions = evaluator.predict(params, batch)
     assert predictions.shape == (8, m)
-    again = _teacher_forced_argmax(model, params, batch, family, predictions)
+    again = _teacher_forced_argmax(evaluator.model, params, batch, family, predictions)
     for row, forced in zip(predictions, again):
-        # up to and including the first EOS (after it greedy_predict writes PAD)
+        # up to and including the first EOS (after it generation writes PAD)
         end = int(np.argmax(row == EOS_ID)) + 1 if (row == EOS_ID).any() else len(row)
         np.testing.assert_array_equal(row[:end], forced[:end])
         assert (row[end:] == PAD_ID).all()
     targets, mask = answer_targets(batch, family, m)
     assert int(mask.sum()) == int((batch["targets"] != 0).sum() if family == "encoder_decoder"
                                   else batch["loss_mask"].sum())
+
+
+def test_eval_on_its_own_targets_is_exact():
+    """Exact-match is 1 when the 'decoder' emits the targets, and drops when one token differs."""
+    cfg = ModelConfig(family="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+                      num_layers=1)
+    evaluator = Evaluator(cfg, TASK, batch_size=8, num_examples=8)
+    batch = evaluator.batches[0]
+    targets, mask = answer_targets(batch, "decoder_only", evaluator.max_new_tokens)
+    wrong = targets.copy()
+    wrong[0, 0] = (wrong[0, 0] + 1) % 16
+    for predicted, want in ((targets, 1.0), (wrong, 7 / 8)):
+        evaluator.predict = lambda params, batch, rng=None, p=predicted: p
+        params = evaluator.model.init(jax.random.key(0), batch)
+        metrics, rows = evaluator(params, num_rows=8)
+        assert metrics["exact_match"] == want
+        assert [r["correct"] for r in rows] == [bool(x) for x in
+                                               np.all((predicted == targets) | ~mask, axis=1)]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +112,7 @@ def test_eval_cli_writes_eval_json(trained):
     proc = _eval_cli(trained, "--num-examples", 6)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((trained / "eval.json").read_text())
-    expected = {"checkpoint", "workdir", "step", "experiment", "family", "task", "split",
+    expected = {"checkpoint", "workdir", "step", "experiment", "family", "task", "split", "decode",
                 "num_examples", "loss", "perplexity", "token_accuracy", "exact_match",
                 "examples", "timing"}
     assert expected <= set(report)
@@ -106,3 +124,31 @@ def test_eval_cli_missing_checkpoint_exit_2(tmp_path):
     proc = _eval_cli(tmp_path / "nothing here")
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("flags, decode", [
+    (("--decode", "beam", "--beam-size", "3"), "BeamSearch(beam_size=3, alpha=0.6)"),
+    (("--decode", "sample", "--top-k", "2", "--seed", "1"), "TopK(k=2, temperature=1.0)"),
+])
+def test_eval_cli_decode_strategies(trained, tmp_path, flags, decode):
+    out = tmp_path / "report.json"
+    proc = _eval_cli(trained, "--num-examples", 4, "--out", out, *flags)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["decode"] == decode and 0.0 <= report["exact_match"] <= 1.0
+
+
+def test_eval_cli_bad_decode_options_exit_2(trained):
+    proc = _eval_cli(trained, "--decode", "sample", "--top-k", "2", "--top-p", "0.5")
+    assert proc.returncode == 2 and "cannot be combined" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+
+
+def test_eval_cli_relative_workdir(trained):
+    """`python eval.py runs/NAME` from the directory above: Orbax needs absolute paths inside."""
+    proc = subprocess.run([sys.executable, str(ROOT / "eval.py"), trained.name,
+                           "--num-examples", "2", "--out", str(trained / "rel.json")],
+                          cwd=trained.parent, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((trained / "rel.json").read_text())["step"] == 4

@@ -59,8 +59,9 @@ class BlockSizes:
     """Block lengths (powers of two) of the forward, dK/dV and dQ kernels.
 
     Blocks are clipped to the (power-of-two rounded) sequence lengths, so short inputs
-    use one block. Triton needs blocks of at least 16; Mosaic TPU wants key blocks that
-    are multiples of 128 when segment ids are sliced from a longer sequence.
+    use one block. Triton needs blocks of at least 16. On TPU, blocks sliced along the
+    lane dimension inside a kernel (``block_k``/``block_k_dq`` with segment ids,
+    ``block_q_dkv`` always) should be multiples of 128 unless they span the sequence.
     :meth:`for_platform` gives the defaults (not tuned on hardware here: no GPU/TPU).
     """
     block_q: int = 128

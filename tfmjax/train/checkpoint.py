@@ -314,7 +314,7 @@ def _finalized_steps(checkpoints_dir: Path) -> list[int]:
 
 def _resolve(directory: str | Path) -> tuple[Path, int | None]:
     """``(checkpoints dir, step or None)`` for a workdir, a checkpoints dir or one step dir."""
-    path = Path(directory)
+    path = Path(directory).absolute()
     if not path.exists():
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
     if TMP_SUFFIX in path.name:
@@ -441,7 +441,7 @@ class Checkpointer:
             raise CheckpointError(f"keep={keep!r} is invalid: must be an int >= 1")
         if best_mode not in ("max", "min"):
             raise CheckpointError(f"best_mode={best_mode!r} is invalid: must be 'max' or 'min'")
-        self.directory = Path(directory)
+        self.directory = Path(directory).absolute()  # Orbax wants absolute paths
         self.checkpoints_dir = self.directory / CHECKPOINTS_SUBDIR
         self.keep, self.best_metric, self.best_mode = keep, best_metric, best_mode
         policies: list = [ocm.LatestN(n=keep)]
