@@ -26,6 +26,8 @@ BAD = [
     ({"model": {"bos_id": 40, "vocab_size": 32}}, "model.bos_id=40 is invalid"),
     ({"model": {"family": "decoder_only", "num_decoder_layers": 2}},
      "only encoder_decoder models have a separate decoder"),
+    ({"model": {"position": "relative", "attention_impl": "blockwise"}},
+     "model.attention_impl='blockwise' is invalid: cannot add the dense T5 relative bias"),
     ({"model": {"dmodel": 64}}, "unknown key model.dmodel \\(did you mean 'd_model'\\?\\)"),
     ({"model": {"preset": "gpt-2-small"}}, "model.preset='gpt-2-small' is unknown \\(did you mean 'gpt2-small'\\?\\)"),
     ({"optim": {"schedule": "cosin"}}, "optim.schedule='cosin' is invalid: must be one of"),

@@ -115,6 +115,10 @@ class ModelConfig:
         if self.position == "rope":
             _require(self.head_width % 2 == 0, "model.head_dim", self.head_width,
                      "RoPE rotates pairs of features, so the head width must be even")
+        if self.position == "relative":
+            _require(self.attention_impl in ("auto", "xla", "reference"), "model.attention_impl",
+                     self.attention_impl, "cannot add the dense T5 relative bias of "
+                     "model.position='relative': use 'auto', 'xla' or 'reference'")
         _require(0.0 <= self.dropout_rate < 1.0, "model.dropout_rate", self.dropout_rate,
                  "must be in [0, 1)")
         if self.window is not None:
