@@ -16,62 +16,20 @@ import pytest
 
 from tfmjax import kernels
 from tfmjax.kernels import blockwise, masks, reference
+from tfmjax.kernels.testing import (SEGMENT_CASES, assert_close, call_kwargs, random_inputs,
+                                   segment_ids, value_and_grads)
 
 BLOCKS = blockwise.BlockSizes(block_q=8, block_k=8, block_q_bwd=4, block_k_bwd=8,
                               kv_heads_per_step=2)
-TOL = {jnp.float32: (2e-5, 1e-4), jnp.bfloat16: (2e-2, 5e-2)}
-
-
-def make_inputs(B, T, S, N, K, H, dtype, seed=0):
-    ks = jax.random.split(jax.random.key(seed), 4)
-    q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32).astype(dtype)
-    k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
-    v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32).astype(dtype)
-    d_out = jax.random.normal(ks[3], (B, T, N, H), jnp.float32).astype(dtype)
-    return q, k, v, d_out
-
-
-def value_and_grads(fn, q, k, v, d_out, **kw):
-    out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, **kw), q, k, v)
-    return (out, *vjp(d_out))
 
 
 def blockwise_results(q, k, v, d_out, **kw):
-    fn = lambda q, k, v: blockwise.attention(q, k, v, **kw, block_sizes=BLOCKS)  # noqa: E731
-    return jax.jit(lambda *args: value_and_grads(fn, *args))(q, k, v, d_out)
-
-
-def call_kwargs(H, **kw):
-    base = dict(causal=False, q_segment_ids=None, kv_segment_ids=None, window=None,
-                alibi_slopes=None, bias=None, q_offset=0, scale=H ** -0.5)
-    base.update(kw)
-    return base
+    fn = lambda q, k, v, **kw: blockwise.attention(q, k, v, **kw, block_sizes=BLOCKS)  # noqa: E731
+    return value_and_grads(fn, q, k, v, d_out, **kw)
 
 
 def reference_results(q, k, v, d_out, **kw):
-    fn = lambda q, k, v: reference.attention(q, k, v, **kw)  # noqa: E731
-    return jax.jit(lambda *args: value_and_grads(fn, *args))(q, k, v, d_out)
-
-
-def assert_close(got, want, dtype, names=("out", "dq", "dk", "dv")):
-    tol_out, tol_grad = TOL[dtype]
-    for name, g, w, tol in zip(names, got, want, (tol_out,) + (tol_grad,) * 3):
-        assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
-        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-        assert np.all(np.isfinite(g)), f"{name} has non-finite values"
-        err = np.max(np.abs(g - w))
-        assert err <= tol, f"{name}: max abs error {err:.2e} > {tol:.0e}"
-
-
-def segments(B, L, spec):
-    """Segment ids from run lengths; ``spec`` is one list of (id, length) per batch row."""
-    ids = np.zeros((B, L), np.int32)
-    for b, runs in enumerate(spec):
-        pos = 0
-        for seg, n in runs:
-            ids[b, pos:pos + n] = seg
-            pos += n
-    return jnp.asarray(ids)
+    return value_and_grads(reference.attention, q, k, v, d_out, **kw)
 
 
 # name: (B, T, S, N, K, H, dtype, options)
@@ -96,23 +54,17 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_reference(name):
     B, T, S, N, K, H, dtype, options = CASES[name]
-    q, k, v, d_out = make_inputs(B, T, S, N, K, H, dtype)
+    q, k, v, d_out = random_inputs(B, T, S, N, K, H, dtype)
     kw = call_kwargs(H, **options)
     want = reference_results(q, k, v, d_out, **kw)
     assert_close(blockwise_results(q, k, v, d_out, **kw), want, dtype)
 
 
-@pytest.mark.parametrize("causal,q_spec,kv_spec", [
-    # Right padding (id 0) in both, different lengths per row.
-    (False, [[(1, 10), (0, 3)], [(1, 13)]], [[(1, 15), (0, 6)], [(1, 21)]]),
-    # Packing: several documents per row, left padding in the keys.
-    (True, [[(1, 4), (2, 6), (3, 3)], [(5, 7), (6, 6)]],
-     [[(1, 7), (2, 9), (3, 5)], [(0, 3), (5, 10), (6, 8)]]),
-], ids=["padding", "packing_causal"])
+@pytest.mark.parametrize("causal,q_spec,kv_spec", SEGMENT_CASES.values(), ids=SEGMENT_CASES)
 def test_segment_ids(causal, q_spec, kv_spec):
-    q, k, v, d_out = make_inputs(2, 13, 21, 4, 2, 8, jnp.float32, seed=1)
-    kw = call_kwargs(8, causal=causal, q_segment_ids=segments(2, 13, q_spec),
-                     kv_segment_ids=segments(2, 21, kv_spec))
+    q, k, v, d_out = random_inputs(2, 13, 21, 4, 2, 8, jnp.float32, seed=1)
+    kw = call_kwargs(8, causal=causal, q_segment_ids=segment_ids(13, q_spec),
+                     kv_segment_ids=segment_ids(21, kv_spec))
     want = reference_results(q, k, v, d_out, **kw)
     assert_close(blockwise_results(q, k, v, d_out, **kw), want, jnp.float32)
 
@@ -121,9 +73,9 @@ def test_rows_with_nothing_to_see_are_zero_with_finite_grads():
     # Query segment 0 (padding) and segment 9 (no key has it) see nothing; with causal
     # and q_offset=0 the first query row of segment 2 sees no key either.
     B, T, S, N, K, H = 1, 12, 12, 2, 1, 8
-    q, k, v, d_out = make_inputs(B, T, S, N, K, H, jnp.float32, seed=2)
-    q_seg = segments(1, T, [[(1, 3), (9, 3), (2, 4), (0, 2)]])
-    kv_seg = segments(1, S, [[(1, 7), (2, 5)]])
+    q, k, v, d_out = random_inputs(B, T, S, N, K, H, jnp.float32, seed=2)
+    q_seg = segment_ids(T, [[(1, 3), (9, 3), (2, 4), (0, 2)]])
+    kv_seg = segment_ids(S, [[(1, 7), (2, 5)]])
     kw = call_kwargs(H, causal=True, q_segment_ids=q_seg, kv_segment_ids=kv_seg)
     out, dq, dk, dv = blockwise_results(q, k, v, d_out, **kw)
     empty = np.asarray(~masks.dense_mask(T, S, causal=True, q_segment_ids=q_seg,
@@ -140,7 +92,7 @@ def test_rows_with_nothing_to_see_are_zero_with_finite_grads():
 def test_traced_q_offset():
     """Decoding passes the cache index as a traced scalar: still exact, still skipping."""
     B, T, S, N, K, H = 1, 4, 40, 4, 2, 8
-    q, k, v, d_out = make_inputs(B, T, S, N, K, H, jnp.float32, seed=3)
+    q, k, v, d_out = random_inputs(B, T, S, N, K, H, jnp.float32, seed=3)
     kw = call_kwargs(H, causal=True, window=9)
 
     @jax.jit
@@ -154,7 +106,7 @@ def test_traced_q_offset():
 
 
 def test_entry_point_and_auto_choice():
-    q, k, v, _ = make_inputs(1, 16, 16, 4, 2, 8, jnp.float32)
+    q, k, v, _ = random_inputs(1, 16, 16, 4, 2, 8, jnp.float32)
     got = kernels.attention(q, k, v, causal=True, impl="blockwise")
     want = kernels.attention(q, k, v, causal=True, impl="reference")
     np.testing.assert_allclose(got, want, atol=2e-5)
@@ -165,7 +117,7 @@ def test_entry_point_and_auto_choice():
 
 
 def test_rejects_bias_and_bad_blocks():
-    q, k, v, _ = make_inputs(1, 8, 8, 2, 2, 8, jnp.float32)
+    q, k, v, _ = random_inputs(1, 8, 8, 2, 2, 8, jnp.float32)
     with pytest.raises(ValueError, match="dense bias"):
         blockwise.attention(q, k, v, **call_kwargs(8, bias=jnp.zeros((1, 1, 8, 8))))
     with pytest.raises(ValueError, match="block_q"):

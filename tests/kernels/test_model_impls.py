@@ -6,7 +6,6 @@ blocks: causal block skipping, padding inside blocks and GQA all take part.
 """
 import dataclasses
 
-import jax
 import numpy as np
 import optax
 import pytest

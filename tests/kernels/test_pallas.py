@@ -15,54 +15,14 @@ import pytest
 
 from tfmjax import kernels
 from tfmjax.kernels import masks, pallas_attention, reference
+from tfmjax.kernels.testing import (SEGMENT_CASES, assert_close, call_kwargs, random_inputs,
+                                   segment_ids, value_and_grads)
 
 BLOCKS = pallas_attention.BlockSizes(8, 8, 8, 8, 8, 8)
-TOL = {jnp.float32: (2e-5, 1e-4), jnp.bfloat16: (2e-2, 5e-2)}
-
-
-def make_inputs(B, T, S, N, K, H, dtype, seed=0):
-    ks = jax.random.split(jax.random.key(seed), 4)
-    shapes = ((B, T, N, H), (B, S, K, H), (B, S, K, H), (B, T, N, H))
-    return [jax.random.normal(key, shape, jnp.float32).astype(dtype)
-            for key, shape in zip(ks, shapes)]
-
-
-def results(fn, q, k, v, d_out, **kw):
-    """Jitted ``(out, dq, dk, dv)`` of ``fn`` for cotangent ``d_out``."""
-    def run(q, k, v, d_out):
-        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, **kw), q, k, v)
-        return (out, *vjp(d_out))
-    return jax.jit(run)(q, k, v, d_out)
 
 
 def pallas_fn(blocks=BLOCKS):
     return lambda *a, **kw: pallas_attention.attention(*a, **kw, block_sizes=blocks)
-
-
-def call_kwargs(H, **kw):
-    return dict(dict(causal=False, q_segment_ids=None, kv_segment_ids=None, window=None,
-                     alibi_slopes=None, bias=None, q_offset=0, scale=H ** -0.5), **kw)
-
-
-def assert_close(got, want, dtype):
-    tol_out, tol_grad = TOL[dtype]
-    for name, g, w, tol in zip(("out", "dq", "dk", "dv"), got, want, (tol_out,) + (tol_grad,) * 3):
-        assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
-        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-        assert np.all(np.isfinite(g)), f"{name} has non-finite values"
-        err = np.max(np.abs(g - w))
-        assert err <= tol, f"{name}: max abs error {err:.2e} > {tol:.0e}"
-
-
-def segments(L, spec):
-    """``[B, L]`` segment ids from one list of (id, run length) per row."""
-    ids = np.zeros((len(spec), L), np.int32)
-    for b, runs in enumerate(spec):
-        pos = 0
-        for seg, n in runs:
-            ids[b, pos:pos + n] = seg
-            pos += n
-    return jnp.asarray(ids)
 
 
 # name: (B, T, S, N, K, H, dtype, options, block sizes)
@@ -83,46 +43,40 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_reference(name):
     B, T, S, N, K, H, dtype, options, blocks = CASES[name]
-    q, k, v, d_out = make_inputs(B, T, S, N, K, H, dtype)
+    q, k, v, d_out = random_inputs(B, T, S, N, K, H, dtype)
     kw = call_kwargs(H, **options)
-    assert_close(results(pallas_fn(blocks), q, k, v, d_out, **kw),
-                 results(reference.attention, q, k, v, d_out, **kw), dtype)
+    assert_close(value_and_grads(pallas_fn(blocks), q, k, v, d_out, **kw),
+                 value_and_grads(reference.attention, q, k, v, d_out, **kw), dtype)
 
 
-@pytest.mark.parametrize("causal,q_spec,kv_spec", [
-    # Right padding (id 0), different lengths per row.
-    (False, [[(1, 10), (0, 3)], [(1, 13)]], [[(1, 15), (0, 6)], [(1, 21)]]),
-    # Packing: several documents per row, left padding in the keys.
-    (True, [[(1, 4), (2, 6), (3, 3)], [(5, 7), (6, 6)]],
-     [[(1, 7), (2, 9), (3, 5)], [(0, 3), (5, 10), (6, 8)]]),
-], ids=["padding", "packing_causal"])
+@pytest.mark.parametrize("causal,q_spec,kv_spec", SEGMENT_CASES.values(), ids=SEGMENT_CASES)
 def test_segment_ids(causal, q_spec, kv_spec):
-    q, k, v, d_out = make_inputs(2, 13, 21, 4, 2, 8, jnp.float32, seed=1)
-    kw = call_kwargs(8, causal=causal, q_segment_ids=segments(13, q_spec),
-                     kv_segment_ids=segments(21, kv_spec))
-    assert_close(results(pallas_fn(), q, k, v, d_out, **kw),
-                 results(reference.attention, q, k, v, d_out, **kw), jnp.float32)
+    q, k, v, d_out = random_inputs(2, 13, 21, 4, 2, 8, jnp.float32, seed=1)
+    kw = call_kwargs(8, causal=causal, q_segment_ids=segment_ids(13, q_spec),
+                     kv_segment_ids=segment_ids(21, kv_spec))
+    assert_close(value_and_grads(pallas_fn(), q, k, v, d_out, **kw),
+                 value_and_grads(reference.attention, q, k, v, d_out, **kw), jnp.float32)
 
 
 def test_rows_with_nothing_to_see_are_zero_with_finite_grads():
     T = S = 12
-    q, k, v, d_out = make_inputs(1, T, S, 2, 1, 8, jnp.float32, seed=2)
-    q_seg = segments(T, [[(1, 3), (9, 3), (2, 4), (0, 2)]])   # 9: no key; 0: padding
-    kv_seg = segments(S, [[(1, 7), (2, 5)]])                   # query 6 (seg 2) sees no key <= 6
+    q, k, v, d_out = random_inputs(1, T, S, 2, 1, 8, jnp.float32, seed=2)
+    q_seg = segment_ids(T, [[(1, 3), (9, 3), (2, 4), (0, 2)]])   # 9: no key; 0: padding
+    kv_seg = segment_ids(S, [[(1, 7), (2, 5)]])                   # query 6 (seg 2) sees no key <= 6
     kw = call_kwargs(8, causal=True, q_segment_ids=q_seg, kv_segment_ids=kv_seg)
-    out, dq, dk, dv = results(pallas_fn(), q, k, v, d_out, **kw)
+    out, dq, dk, dv = value_and_grads(pallas_fn(), q, k, v, d_out, **kw)
     empty = np.asarray(~masks.dense_mask(T, S, causal=True, q_segment_ids=q_seg,
                                          kv_segment_ids=kv_seg)[0, 0].any(-1))
     assert empty.sum() == 6
     assert np.all(np.asarray(out)[0, empty] == 0) and np.all(np.asarray(dq)[0, empty] == 0)
     assert all(np.all(np.isfinite(np.asarray(x))) for x in (out, dq, dk, dv))
-    np.testing.assert_allclose(out, results(reference.attention, q, k, v, d_out, **kw)[0],
+    np.testing.assert_allclose(out, value_and_grads(reference.attention, q, k, v, d_out, **kw)[0],
                                atol=2e-5)
 
 
 def test_traced_q_offset():
     """A traced offset (decoding) works; it visits every block instead of skipping."""
-    q, k, v, d_out = make_inputs(1, 4, 40, 4, 2, 8, jnp.float32, seed=3)
+    q, k, v, d_out = random_inputs(1, 4, 40, 4, 2, 8, jnp.float32, seed=3)
     kw = call_kwargs(8, causal=True, window=9)
     fn = pallas_fn()
 
@@ -132,12 +86,12 @@ def test_traced_q_offset():
         return (out, *vjp(d_out))
 
     for offset in (0, 36):
-        want = results(reference.attention, q, k, v, d_out, **{**kw, "q_offset": offset})
+        want = value_and_grads(reference.attention, q, k, v, d_out, **{**kw, "q_offset": offset})
         assert_close(run(jnp.int32(offset)), want, jnp.float32)
 
 
 def test_entry_point_runs_interpret_mode_on_cpu():
-    q, k, v, _ = make_inputs(1, 16, 16, 4, 2, 8, jnp.float32)
+    q, k, v, _ = random_inputs(1, 16, 16, 4, 2, 8, jnp.float32)
     got = kernels.attention(q, k, v, causal=True, impl="pallas")
     want = kernels.attention(q, k, v, causal=True, impl="reference")
     np.testing.assert_allclose(got, want, atol=2e-5)
@@ -146,7 +100,7 @@ def test_entry_point_runs_interpret_mode_on_cpu():
 def test_clear_errors():
     with pytest.raises(ValueError, match="power of two"):
         pallas_attention.BlockSizes(block_q=48)
-    q, k, v, _ = make_inputs(1, 8, 8, 2, 2, 8, jnp.float32)
+    q, k, v, _ = random_inputs(1, 8, 8, 2, 2, 8, jnp.float32)
     with pytest.raises(ValueError, match="dense bias"):
         pallas_attention.attention(q, k, v, **call_kwargs(8, bias=jnp.zeros((1, 1, 8, 8))))
     with pytest.raises(ValueError, match="Triton"):
