@@ -54,13 +54,14 @@ class BlockSizes:
     """Block lengths of the forward and backward passes, and heads per loop step.
 
     Defaults measured with ``bench/attention.py``-style interleaved runs on a 2-core CPU
-    (B=1, N=8, H=64, causal, T=8192): forward 512x512 and backward 256x512 were the
-    fastest of 128..2048; one key/value head group per step beat 2, 4 and all 8 (its
-    ``[G, bq, bk]`` score block stays in the 2 MiB L2 cache). ``None`` backward sizes
-    reuse the forward's.
+    (B=1, N=8, H=64, causal, T=8192): backward 256x512 was the fastest of 128..2048
+    (512x1024: 1.5x slower); one key/value head group per step beat 2, 4 and all 8. The
+    forward was re-measured at T=1024..8192: 1024x1024 beat 512x512 by 5% at T=1024-2048,
+    13% at 4096 and 18-25% at 8192 (2048x2048 and 2048x1024 were no faster). ``None``
+    backward sizes reuse the forward's.
     """
-    block_q: int = 512
-    block_k: int = 512
+    block_q: int = 1024
+    block_k: int = 1024
     block_q_bwd: int | None = 256
     block_k_bwd: int | None = 512
     kv_heads_per_step: int = 1
