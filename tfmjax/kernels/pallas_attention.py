@@ -320,16 +320,25 @@ def _extras(offset, q_seg, kv_seg, slopes):
         [slopes] if slopes is not None else [])
 
 
-def _forward(st: _Static, q, k, v, offset, q_seg, kv_seg, slopes):
-    B, N, Tp, Hp = q.shape
-    Sp, G = k.shape[2], st.groups
-    bq, bk, _, nk = st.geometry(st.blocks.block_q, st.blocks.block_k)
+def _query_block_specs(st: _Static, bq: int, Sp: int, Hp: int):
+    """Block specs of a grid over (batch b, query head h, query block i), as the forward
+    and dQ kernels use: ``q``-shaped blocks, the whole K/V of head ``h // G``, per-row
+    statistics, and the extras (offset, segment ids, ALiBi slope)."""
+    G = st.groups
     q_spec = pl.BlockSpec((None, None, bq, Hp), lambda b, h, i: (b, h, i, 0))
     kv_spec = pl.BlockSpec((None, None, Sp, Hp), lambda b, h, i: (b, lax.div(h, G), 0, 0))
     row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))
     extras = _extras_specs(st, pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
                            pl.BlockSpec((None, 1, Sp), lambda b, h, i: (b, 0, 0)),
                            pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0)))
+    return q_spec, kv_spec, row_spec, extras
+
+
+def _forward(st: _Static, q, k, v, offset, q_seg, kv_seg, slopes):
+    B, N, Tp, Hp = q.shape
+    Sp = k.shape[2]
+    bq, bk, _, nk = st.geometry(st.blocks.block_q, st.blocks.block_k)
+    q_spec, kv_spec, row_spec, extras = _query_block_specs(st, bq, Sp, Hp)
     return st.call(
         functools.partial(_fwd_kernel, st=st, bq=bq, bk=bk, nk=nk),
         grid=(B, N, Tp // bq),
@@ -352,12 +361,7 @@ def _backward(st: _Static, res, d_out):
 
     # dQ: one program per (b, query head n, query block i), looping over key blocks.
     bq, bk, _, nk = st.geometry(st.blocks.block_q_dq, st.blocks.block_k_dq)
-    q_spec = pl.BlockSpec((None, None, bq, Hp), lambda b, h, i: (b, h, i, 0))
-    kv_spec = pl.BlockSpec((None, None, Sp, Hp), lambda b, h, i: (b, lax.div(h, G), 0, 0))
-    row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))
-    extras = _extras_specs(st, pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
-                           pl.BlockSpec((None, 1, Sp), lambda b, h, i: (b, 0, 0)),
-                           pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0)))
+    q_spec, kv_spec, row_spec, extras = _query_block_specs(st, bq, Sp, Hp)
     dq = st.call(
         functools.partial(_dq_kernel, st=st, bq=bq, bk=bk, nk=nk),
         grid=(B, N, Tp // bq),
