@@ -116,10 +116,13 @@ class Evaluator:
         self.batches = eval_batches(task, family=self.family, batch_size=batch_size,
                                     num_examples=num_examples, seed=seed, split=split)
         self.max_new_tokens = task.max_target_len(split) + 1  # + EOS
-        for batch in self.batches:
+        # Fixed per batch, so computed once: what is decoded and what it must equal.
+        self.prompts = [decode_prompts(batch, self.family) for batch in self.batches]
+        self.answers = [answer_targets(batch, self.family, self.max_new_tokens)
+                        for batch in self.batches]
+        for batch, prompts in zip(self.batches, self.prompts):
             check_batch(batch, model_config)
-            check_lengths(model_config, prompt_lengths(decode_prompts(batch, self.family)),
-                          self.max_new_tokens)
+            check_lengths(model_config, prompt_lengths(prompts), self.max_new_tokens)
         self.model = build(model_config, deterministic=True)
         self._row_sums = jax.jit(functools.partial(row_sums, self.model, family=self.family))
 
@@ -127,11 +130,11 @@ class Evaluator:
         start = time.perf_counter()
         sums = {"nll": 0.0, "tokens": 0.0, "correct": 0.0, "exact": 0}
         left, rows = self.num_examples, []
-        for i, batch in enumerate(self.batches):
-            n = min(left, len(batch[next(iter(batch))]))
+        for i, (batch, prompts) in enumerate(zip(self.batches, self.prompts)):
+            n = min(left, len(prompts))
             per_row = jax.device_get(self._row_sums(params, batch))
-            predictions = self.predict(params, batch, jax.random.fold_in(self.decode_key, i))
-            targets, mask = answer_targets(batch, self.family, self.max_new_tokens)
+            predictions = self.predict(params, prompts, jax.random.fold_in(self.decode_key, i))
+            targets, mask = self.answers[i]
             exact = np.all((predictions == targets) | ~mask, axis=1)
             for key in ("nll", "tokens", "correct"):
                 sums[key] += float(np.sum(per_row[key][:n], dtype=np.float64))
@@ -142,10 +145,10 @@ class Evaluator:
             left -= n
         return self._metrics(sums, time.perf_counter() - start), rows
 
-    def predict(self, params, batch: dict, rng=None) -> np.ndarray:
-        """Decoded answers ``[B, max_new_tokens]``: tokens, EOS, then PAD."""
-        out = generate(self.model, params, decode_prompts(batch, self.family), self.strategy,
-                       self.max_new_tokens, rng=rng)
+    def predict(self, params, prompts: np.ndarray, rng=None) -> np.ndarray:
+        """Decoded answers ``[B, max_new_tokens]`` (tokens, EOS, then PAD) for ``prompts``
+        from :func:`decode_prompts`."""
+        out = generate(self.model, params, prompts, self.strategy, self.max_new_tokens, rng=rng)
         return np.asarray(out.tokens)
 
     def _metrics(self, sums: dict, seconds: float) -> dict:

@@ -44,7 +44,7 @@ def test_eval_decode_equals_teacher_forced_argmax(family):
     batch = evaluator.batches[0]
     params = evaluator.model.init(jax.random.key(1), batch)
     m = evaluator.max_new_tokens
-    predictions = evaluator.predict(params, batch)
+    predictions = evaluator.predict(params, evaluator.prompts[0])
     assert predictions.shape == (8, m)
     again = _teacher_forced_argmax(evaluator.model, params, batch, family, predictions)
     for row, forced in zip(predictions, again):
@@ -67,7 +67,7 @@ def test_eval_on_its_own_targets_is_exact():
     wrong = targets.copy()
     wrong[0, 0] = (wrong[0, 0] + 1) % 16
     for predicted, want in ((targets, 1.0), (wrong, 7 / 8)):
-        evaluator.predict = lambda params, batch, rng=None, p=predicted: p
+        evaluator.predict = lambda params, prompts, rng=None, p=predicted: p
         params = evaluator.model.init(jax.random.key(0), batch)
         metrics, rows = evaluator(params, num_rows=8)
         assert metrics["exact_match"] == want
