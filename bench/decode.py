@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfmjax.decode import Greedy, full_logits, generate
-from tfmjax.models import build, dummy_batch, preset
+from tfmjax.models import build, preset
 
 
 _COMPILE_SECONDS = []     # trace + lowering + XLA compile time of every jit compile
@@ -132,7 +132,7 @@ def main(argv=None):
             setattr(args, key, value)
 
     model = build(cfg)
-    params = jax.jit(model.init)(jax.random.key(0), dummy_batch(cfg))
+    params = jax.jit(model.init)(jax.random.key(0), model.dummy_batch())
     n_params = sum(x.size for x in jax.tree.leaves(params))
     print(f"model: {'quick' if args.quick else 'gpt2-small'} ({n_params / 1e6:.1f}M params, "
           f"float32), prompt {args.prompt_len}, new tokens {args.new_tokens}, "

@@ -115,8 +115,7 @@ def bench_shape(name: str, spec: dict, repeats: int) -> dict:
     batch = random_batch(cfg, B, S, T)
     tx = make_optimizer(schedule=1e-4, weight_decay=0.01)
     state = create_state(build(cfg), tx, batch, seed=0)
-    step = jit_train_step(make_train_step(build(cfg, deterministic=False), tx, lambda s: 1e-4,
-                                          family=cfg.family))
+    step = jit_train_step(make_train_step(build(cfg, deterministic=False), tx, lambda s: 1e-4))
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     flops = model_flops(cfg, state.params, B, S, T)
     start = time.perf_counter()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tfmjax import config as C
-from tfmjax.models.checks import InputError, check_batch
+from tfmjax.models import InputError, build
 
 BAD = [
     ({"model": {"d_model": 60, "num_heads": 8}},
@@ -118,9 +118,9 @@ MODEL = C.ModelConfig(family="decoder_only", vocab_size=10, position="learned", 
 ])
 def test_bad_batches_are_one_line(batch, message):
     with pytest.raises(InputError, match=message):
-        check_batch(batch, MODEL)
+        build(MODEL).check_batch(batch)
 
 
 def test_good_batch_passes_and_long_inputs_pass_without_learned_positions():
-    check_batch({"tokens": jnp.array([[0, 9, 3]])}, MODEL)
-    check_batch({"tokens": np.ones((1, 50), np.int32)}, dataclasses.replace(MODEL, position="rope"))
+    build(MODEL).check_batch({"tokens": jnp.array([[0, 9, 3]])})
+    build(dataclasses.replace(MODEL, position="rope")).check_batch({"tokens": np.ones((1, 50), np.int32)})

@@ -15,6 +15,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from tfmjax.presets import PRESETS
+
 FAMILIES = ("encoder_decoder", "decoder_only", "encoder_only")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative", "none")
 NORMS = ("layernorm", "rmsnorm")
@@ -23,6 +25,11 @@ ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 ATTENTION_IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
+EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity")   # train.best_metric
+LOWER_IS_BETTER = ("loss", "perplexity")
+# Each enumeration above is the one list of names; the registries that implement them
+# (tfmjax.models.FAMILIES, tfmjax.kernels.IMPLS, tfmjax.train.schedules, the evaluator's
+# metrics) are checked against it in tests/test_registries.py.
 
 
 class ConfigError(ValueError):
@@ -202,6 +209,7 @@ class TrainConfig:
         _positive("train", self, "steps", "log_every", "eval_every", "checkpoint_every",
                   "keep_checkpoints")
         _require(self.seed >= 0, "train.seed", self.seed, "must be >= 0")
+        _one_of("train.best_metric", self.best_metric, EVAL_METRICS)
 
 
 SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "data": DataConfig, "train": TrainConfig}
@@ -216,6 +224,12 @@ class Experiment:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
 
+    def __post_init__(self):
+        k = self.optim.grad_accum_steps
+        _require(self.data.batch_size % k == 0, "data.batch_size", self.data.batch_size,
+                 f"must be divisible by optim.grad_accum_steps={k} (each step splits the batch "
+                 "in k micro-batches)")
+
     @property
     def workdir(self) -> str:
         return self.train.workdir or f"runs/{self.name}"
@@ -225,6 +239,20 @@ class Experiment:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The :class:`ModelConfig` of a preset name."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"model.preset={name!r} is unknown{hint}; presets: {', '.join(PRESETS)}")
+    return ModelConfig(**PRESETS[name])
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """A preset with some fields replaced, e.g. ``preset("tiny-gpt2", position="alibi")``."""
+    return dataclasses.replace(get_preset(name), **overrides)
 
 
 def _suggest(key: str, options) -> str:
@@ -237,7 +265,6 @@ def _build_section(section: str, values: dict) -> Any:
     values = dict(values)
     base = cls()
     if section == "model" and "preset" in values:
-        from tfmjax.models.presets import get_preset
         base = get_preset(values.pop("preset"))
     names = {f.name for f in dataclasses.fields(cls)}
     for key in values:

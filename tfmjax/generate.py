@@ -14,19 +14,18 @@ from collections.abc import Sequence
 import jax
 
 from tfmjax.config import ModelConfig
-from tfmjax.data.vocab import EOS_ID, SEP_ID, Vocab
+from tfmjax.data.vocab import Vocab
 from tfmjax.decode import generate
 from tfmjax.decode.options import add_decode_arguments, strategy_from_args
 from tfmjax.models import build
 
 
-def prompt_ids(model_config: ModelConfig, vocab: Vocab, text: str) -> list[int]:
-    """The ids a model of this family was trained to continue: ``source SEP`` / ``source EOS``."""
-    if vocab.size > model_config.vocab_size:
+def prompt_ids(model, vocab: Vocab, text: str) -> list[int]:
+    """The ids the model's family was trained to continue (e.g. ``source SEP``)."""
+    if vocab.size > model.config.vocab_size:
         raise ValueError(f"the task vocabulary has {vocab.size} ids but model.vocab_size="
-                         f"{model_config.vocab_size}")
-    end = SEP_ID if model_config.family == "decoder_only" else EOS_ID
-    return vocab.encode(text) + [end]
+                         f"{model.config.vocab_size}")
+    return model.prompt_for_source(vocab.encode(text))
 
 
 def generate_from_text(model_config: ModelConfig, params, vocab: Vocab, text, strategy,
@@ -34,7 +33,7 @@ def generate_from_text(model_config: ModelConfig, params, vocab: Vocab, text, st
     """Continue ``text`` (space-separated task symbols; a str or a list of str) -> str(s)."""
     texts = [text] if isinstance(text, str) else list(text)
     model = build(model_config)
-    prompts = [prompt_ids(model_config, vocab, t) for t in texts]
+    prompts = [prompt_ids(model, vocab, t) for t in texts]
     out = generate(model, params, prompts, strategy, max_new_tokens, rng=rng)
     answers = [vocab.decode(row) for row in jax.device_get(out.tokens)]
     return answers[0] if isinstance(text, str) else answers

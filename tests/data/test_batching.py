@@ -17,12 +17,12 @@ from tfmjax.data import (
     split_prompt_answer,
 )
 
-FAMILIES = ["encoder_decoder", "decoder_only"]
+FORMATS = ["seq2seq", "prompt_answer"]
 B = 16
 
 
-def _batch(task, family, seed=0, step=0, split="train", batch_size=B):
-    return make_batch(task, family=family, batch_size=batch_size, seed=seed, step=step, split=split)
+def _batch(task, fmt, seed=0, step=0, split="train", batch_size=B):
+    return make_batch(task, batch_format=fmt, batch_size=batch_size, seed=seed, step=step, split=split)
 
 
 def _equal(a, b):
@@ -38,23 +38,23 @@ def _row_ends(row):
     return int(eos[0])
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("name", TASK_NAMES)
-def test_deterministic_and_fixed_shapes(name, family):
+def test_deterministic_and_fixed_shapes(name, fmt):
     task = make_task(name)
-    first = _batch(task, family, seed=3, step=5)
-    assert _equal(first, _batch(task, family, seed=3, step=5))
+    first = _batch(task, fmt, seed=3, step=5)
+    assert _equal(first, _batch(task, fmt, seed=3, step=5))
     np.random.seed(123)  # global numpy state must not matter
-    assert _equal(first, _batch(task, family, seed=3, step=5))
-    assert not _equal(first, _batch(task, family, seed=3, step=6))
-    assert not _equal(first, _batch(task, family, seed=4, step=5))
-    widths = batch_widths(task, family=family)
+    assert _equal(first, _batch(task, fmt, seed=3, step=5))
+    assert not _equal(first, _batch(task, fmt, seed=3, step=6))
+    assert not _equal(first, _batch(task, fmt, seed=4, step=5))
+    widths = batch_widths(task, batch_format=fmt)
     for step in range(4):
         for split in ("train", "eval"):  # same shapes, so train/eval share one compilation
-            batch = _batch(task, family, seed=3, step=step, split=split)
+            batch = _batch(task, fmt, seed=3, step=step, split=split)
             for key, width in widths.items():
                 assert batch[key].shape == (B, width) and batch[key].dtype == np.int32
-            if family == "decoder_only":
+            if fmt == "prompt_answer":
                 assert batch["loss_mask"].shape == (B, widths["tokens"])
                 assert batch["loss_mask"].dtype == np.float32
                 assert batch["prompt_len"].shape == (B,) and batch["prompt_len"].dtype == np.int32
@@ -63,7 +63,7 @@ def test_deterministic_and_fixed_shapes(name, family):
 @pytest.mark.parametrize("name", TASK_NAMES)
 def test_encoder_decoder_layout(name):
     task = make_task(name)
-    batch = _batch(task, "encoder_decoder", step=1)
+    batch = _batch(task, "seq2seq", step=1)
     assert set(batch) == {"inputs", "targets"}
     assert batch["inputs"].shape[1] == task.max_source_len("train") + 1
     assert batch["targets"].shape[1] == task.max_target_len("train") + 1
@@ -77,8 +77,8 @@ def test_encoder_decoder_layout(name):
 @pytest.mark.parametrize("name", TASK_NAMES)
 def test_decoder_only_layout_and_loss_mask(name, split):
     task = make_task(name)
-    dec = _batch(task, "decoder_only", step=2, split=split)
-    enc = _batch(task, "encoder_decoder", step=2, split=split)  # same rng draws -> same examples
+    dec = _batch(task, "prompt_answer", step=2, split=split)
+    enc = _batch(task, "seq2seq", step=2, split=split)  # same rng draws -> same examples
     assert set(dec) == {"tokens", "loss_mask", "prompt_len"}
     for i in range(B):
         row, mask, p = dec["tokens"][i], dec["loss_mask"][i], int(dec["prompt_len"][i])
@@ -97,63 +97,63 @@ def test_decoder_only_layout_and_loss_mask(name, split):
 @pytest.mark.parametrize("name", TASK_NAMES)
 def test_length_split_is_wider(name):
     task = make_task(name)
-    for family in FAMILIES:
-        train = batch_widths(task, family=family)
-        length = batch_widths(task, family=family, split="length")
+    for fmt in FORMATS:
+        train = batch_widths(task, batch_format=fmt)
+        length = batch_widths(task, batch_format=fmt, split="length")
         assert all(length[k] >= train[k] for k in train) and length != train
-        batch = _batch(task, family, split="length")
+        batch = _batch(task, fmt, split="length")
         assert all(batch[k].shape == (B, w) for k, w in length.items())
 
 
 def test_iterate_batches_matches_make_batch():
     task = make_task("sort")
-    stream = iterate_batches(task, family="decoder_only", batch_size=B, seed=9, start_step=4)
+    stream = iterate_batches(task, batch_format="prompt_answer", batch_size=B, seed=9, start_step=4)
     for step in range(4, 8):
-        assert _equal(next(stream), _batch(task, "decoder_only", seed=9, step=step))
+        assert _equal(next(stream), _batch(task, "prompt_answer", seed=9, step=step))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_eval_batches_fixed_and_from_eval_split(family):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_eval_batches_fixed_and_from_eval_split(fmt):
     task = make_task("reverse")
-    batches = eval_batches(task, family=family, batch_size=B, num_examples=50)
+    batches = eval_batches(task, batch_format=fmt, batch_size=B, num_examples=50)
     assert len(batches) == 4  # ceil(50 / 16): rounds up to full batches
-    again = eval_batches(task, family=family, batch_size=B, num_examples=50)
+    again = eval_batches(task, batch_format=fmt, batch_size=B, num_examples=50)
     assert all(_equal(a, b) for a, b in zip(batches, again))
-    key = "inputs" if family == "encoder_decoder" else "tokens"
+    key = "inputs" if fmt == "seq2seq" else "tokens"
     for batch in batches:
-        assert batch[key].shape == (B, batch_widths(task, family=family)[key])
+        assert batch[key].shape == (B, batch_widths(task, batch_format=fmt)[key])
         for row in batch[key]:
-            end = _row_ends(row) if family == "encoder_decoder" else list(row).index(SEP_ID)
+            end = _row_ends(row) if fmt == "seq2seq" else list(row).index(SEP_ID)
             assert example_split(row[:end].tolist()) == "eval"
-    other = eval_batches(task, family=family, batch_size=B, num_examples=50, seed=1)
+    other = eval_batches(task, batch_format=fmt, batch_size=B, num_examples=50, seed=1)
     assert not _equal(batches[0], other[0])
 
 
 def test_train_batches_hold_only_train_examples():
     task = make_task("copy")
     for step in range(5):
-        batch = _batch(task, "encoder_decoder", step=step, batch_size=64)
+        batch = _batch(task, "seq2seq", step=step, batch_size=64)
         for row in batch["inputs"]:
             assert example_split(row[: _row_ends(row)].tolist()) == "train"
 
 
-def test_family_and_argument_errors():
+def test_format_and_argument_errors():
     task = make_task("copy")
-    with pytest.raises(ValueError, match="family 'encoder_only' has no seq2seq batches; use 'encoder_decoder' or"):
-        _batch(task, "encoder_only")
-    with pytest.raises(ValueError, match=r"unknown family 'gpt' \(valid families: encoder_decoder, decoder_only\)"):
+    with pytest.raises(ValueError, match=r"unknown batch format None \(valid formats: seq2seq, prompt_answer\)"):
+        _batch(task, None)
+    with pytest.raises(ValueError, match=r"unknown batch format 'gpt' \(valid formats: seq2seq, prompt_answer\)"):
         _batch(task, "gpt")
     with pytest.raises(ValueError, match="unknown split 'dev'"):
-        _batch(task, "decoder_only", split="dev")
+        _batch(task, "prompt_answer", split="dev")
     with pytest.raises(ValueError, match="seed must be an int >= 0, got -1"):
-        _batch(task, "decoder_only", seed=-1)
+        _batch(task, "prompt_answer", seed=-1)
     with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
-        _batch(task, "decoder_only", batch_size=0)
+        _batch(task, "prompt_answer", batch_size=0)
     with pytest.raises(ValueError, match="num_examples must be an int >= 1"):
-        eval_batches(task, family="decoder_only", batch_size=4, num_examples=0)
+        eval_batches(task, batch_format="prompt_answer", batch_size=4, num_examples=0)
     no_length = make_task("associative_recall", num_keys=5, max_pairs=5)
     with pytest.raises(ValueError, match="has no 'length' split"):
-        _batch(no_length, "decoder_only", split="length")
+        _batch(no_length, "prompt_answer", split="length")
 
 
 def test_batch_is_fast():
@@ -162,5 +162,5 @@ def test_batch_is_fast():
     task = make_task("addition")
     start = time.perf_counter()
     for step in range(20):
-        _batch(task, "decoder_only", step=step, batch_size=64)
+        _batch(task, "prompt_answer", step=step, batch_size=64)
     assert time.perf_counter() - start < 2.0  # generous: ~5 ms per batch of 64 expected

@@ -11,11 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from tfmjax.models import build, dummy_batch, preset
+from tfmjax.models import build, preset
 
 
 def random_params(model, seed: int = 0, embed_scale: float = 0.2):
-    shapes = jax.eval_shape(model.init, jax.random.key(0), dummy_batch(model.config))
+    shapes = jax.eval_shape(model.init, jax.random.key(0), model.dummy_batch())
     rng = np.random.default_rng(seed)
 
     def draw(path, leaf):

@@ -4,14 +4,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfmjax.decode import (config_kv_cache_bytes, decode_step, full_logits, init_cache,
-                           kv_cache_bytes, left_pad_decoder_prompts, prefill_decoder_only,
-                           prefill_encoder_decoder)
-from tfmjax.decode.prompts import as_right_padded
+from tfmjax.decode import full_logits
+from tfmjax.models import build, kv_cache_bytes
+from tfmjax.models.prompts import as_right_padded
 
-PREFILL_D = jax.jit(prefill_decoder_only, static_argnums=0, static_argnames="capacity")
-PREFILL_ED = jax.jit(prefill_encoder_decoder, static_argnums=0, static_argnames="capacity")
-STEP = jax.jit(decode_step, static_argnums=0)
+# The family methods, jitted as the generation loop runs them (``M`` new tokens).
+PREFILL = jax.jit(lambda model, params, arrays, M: model.prefill(params, arrays, M),
+                  static_argnums=(0, 3))
+STEP = jax.jit(lambda model, params, cache, ids: model.decode_step(params, cache, ids),
+               static_argnums=0)
 
 # Every positional encoding in both families; GQA, MQA, sliding windows and unrolled layers
 # ride along (each case costs three compiles, so features share cases).
@@ -56,9 +57,9 @@ def test_decoder_only_cached_logits_match_full_forward(tiny, name, overrides):
     segment_ids = (np.arange(tokens.shape[1])[None] <= (n + STEPS)[:, None]).astype(np.int32)
     ref = np.asarray(full_logits(model, params, jnp.asarray(tokens), jnp.asarray(segment_ids)))
     # Cached: left-padded prompt prefilled in one pass, then one token per step.
-    p = left_pad_decoder_prompts(prompts, cfg.bos_id)
-    logits, cache = PREFILL_D(model, params, *map(jnp.asarray, p[:3]),
-                              capacity=p.ids.shape[1] + STEPS)
+    arrays = tuple(map(jnp.asarray, model.prompt_arrays(prompts)))
+    logits, cache = PREFILL(model, params, arrays, STEPS + 1)
+    assert cache.capacity == arrays[0].shape[1] + STEPS
     rows = np.arange(len(n))
     for t in range(STEPS + 1):
         np.testing.assert_allclose(np.asarray(logits), ref[rows, n + t], **TOL,
@@ -76,7 +77,8 @@ def test_encoder_decoder_cached_logits_match_full_forward(tiny, name, overrides)
     inputs, cont = _ids(cfg, [2, 5, 1])
     ref = np.asarray(full_logits(model, params, jnp.asarray(cont), jnp.ones_like(cont),
                                  jnp.asarray(inputs)))
-    logits, cache = PREFILL_ED(model, params, jnp.asarray(inputs), capacity=STEPS + 1)
+    logits, cache = PREFILL(model, params, (jnp.asarray(inputs),), STEPS + 1)
+    assert cache.capacity == STEPS + 1
     assert all("cross" in layer for layer in cache.layers)
     assert cache.encoded.shape[:2] == inputs.shape
     cross_before = [layer["cross"]["k"] for layer in cache.layers]
@@ -95,15 +97,16 @@ def test_cache_size_matches_formula_and_pytree(name, overrides):
     from tfmjax.models import preset
     cfg = preset(name, **overrides)
     B, S = 3, 40
-    cache = init_cache(cfg, B, S)
+    model = build(cfg)
+    cache = model.init_cache(B, S)
     L = cfg.num_layers if cfg.family == "decoder_only" else cfg.decoder_layers
     K, H = cfg.kv_heads, cfg.head_width
-    formula = 2 * B * L * K * S * H * 4           # seed 000 §4.7, float32
+    formula = 2 * B * L * K * S * H * 4           # keys and values, float32
     assert len(cache.layers) == L
     for sa in cache.self_attention:                # per layer, head-major: [B, K, S_max, H]
         assert sa["k"].shape == sa["v"].shape == (B, K, S, H)
     assert cache.kv_bytes == formula == kv_cache_bytes(B, L, K, S, H, jnp.float32)
-    assert config_kv_cache_bytes(cfg, B, S) == formula
+    assert model.kv_cache_bytes(B, S) == formula
     assert cache.nbytes == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
     assert cache.nbytes == formula + L * B * S * 4 + L * 4 + B * 4   # + segment ids, index, lengths
     assert sum(sa["k"].nbytes + sa["v"].nbytes for sa in cache.self_attention) == formula
@@ -115,17 +118,18 @@ def test_cache_size_matches_formula_and_pytree(name, overrides):
 def test_gpt2_small_cache_bytes_without_memory():
     from tfmjax.models import preset
     cfg = preset("gpt2-small")
-    cache = jax.eval_shape(lambda: init_cache(cfg, 8, 1024))
+    model = build(cfg)
+    cache = jax.eval_shape(lambda: model.init_cache(8, 1024))
     ks = [layer["k"] for layer in cache.layers]
     assert len(ks) == 12 and ks[0].shape == (8, 12, 1024, 64)
-    assert sum(2 * k.size * k.dtype.itemsize for k in ks) == config_kv_cache_bytes(cfg, 8, 1024)
-    assert config_kv_cache_bytes(cfg, 8, 1024) == 2 * 8 * 12 * 12 * 1024 * 64 * 4
+    assert sum(2 * k.size * k.dtype.itemsize for k in ks) == model.kv_cache_bytes(8, 1024)
+    assert model.kv_cache_bytes(8, 1024) == 2 * 8 * 12 * 12 * 1024 * 64 * 4
 
 
 def test_reorder_and_repeat_rows(tiny):
     model, params = tiny("tiny-vaswani")
     inputs, _ = _ids(model.config, [2, 5, 1])        # the shapes of a case above: no compile
-    _, cache = PREFILL_ED(model, params, jnp.asarray(inputs), capacity=STEPS + 1)
+    _, cache = PREFILL(model, params, (jnp.asarray(inputs),), STEPS + 1)
     rep = cache.repeat(3)
     k, rep_k = cache.self_attention[1]["k"], rep.self_attention[1]["k"]
     assert rep_k.shape[0] == 9 and rep.encoded.shape[0] == 9 and rep.lengths.shape == (9,)

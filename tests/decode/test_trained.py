@@ -10,8 +10,8 @@ import pytest
 from tfmjax.data import eval_batches, make_batch, make_task, split_prompt_answer
 from tfmjax.data.vocab import EOS_ID
 from tfmjax.decode import Greedy, generate, generate_uncached
-from tfmjax.models import build, dummy_batch, preset
-from tfmjax.train.losses import cross_entropy
+from tfmjax.models import build, preset
+from tfmjax.losses import cross_entropy
 
 STEPS, BATCH = 120, 64
 
@@ -22,7 +22,7 @@ def _train(family: str):
     cfg = preset(name, vocab_size=task.vocab.size, max_len=16, num_kv_heads=2,
                  norm_position="pre")
     model = build(cfg)
-    params = jax.jit(model.init)(jax.random.key(0), dummy_batch(cfg))
+    params = jax.jit(model.init)(jax.random.key(0), model.dummy_batch())
     tx = optax.adam(3e-3)
     opt_state = tx.init(params)
 
@@ -42,14 +42,16 @@ def _train(family: str):
         return optax.apply_updates(params, updates), opt_state, loss
 
     for i in range(STEPS):
-        batch = make_batch(task, family=family, batch_size=BATCH, seed=0, step=i)
+        batch = make_batch(task, batch_format=model.batch_format, batch_size=BATCH, seed=0,
+                           step=i)
         batch = {k: v for k, v in batch.items() if k != "prompt_len"}
         params, opt_state, loss = step(params, opt_state, batch)
     return task, model, params, float(loss)
 
 
 def _eval_set(task, family):
-    batch = eval_batches(task, family=family, batch_size=128, num_examples=128)[0]
+    batch_format = "prompt_answer" if family == "decoder_only" else "seq2seq"
+    batch = eval_batches(task, batch_format=batch_format, batch_size=128, num_examples=128)[0]
     if family == "decoder_only":
         pairs = [split_prompt_answer(row, int(n)) for row, n in
                  zip(batch["tokens"], batch["prompt_len"])]

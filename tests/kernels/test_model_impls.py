@@ -45,10 +45,10 @@ def _loss_curve(family: str, impl: str, **overrides) -> np.ndarray:
     model = build(cfg)
     schedule = optax.constant_schedule(3e-3)
     tx = optax.adam(schedule)
-    batches = [make_batch(TASK, family=family, batch_size=8, seed=0, step=s)
+    batches = [make_batch(TASK, batch_format=model.batch_format, batch_size=8, seed=0, step=s)
                for s in range(STEPS)]
     state = create_state(model, tx, batches[0], seed=0)
-    step = jit_train_step(make_train_step(model, tx, schedule, family=family))
+    step = jit_train_step(make_train_step(model, tx, schedule))
     losses = []
     for batch in batches:
         state, metrics = step(state, batch)

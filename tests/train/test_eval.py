@@ -12,7 +12,8 @@ import pytest
 
 from tfmjax.config import ModelConfig, from_dict
 from tfmjax.data import EOS_ID, PAD_ID, make_task
-from tfmjax.evaluate import Evaluator, answer_targets, evaluate_checkpoint, format_report
+from tfmjax.evaluate import evaluate_checkpoint, format_report
+from tfmjax.evaluator import Evaluator
 from tfmjax.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def test_eval_decode_equals_teacher_forced_argmax(family):
         end = int(np.argmax(row == EOS_ID)) + 1 if (row == EOS_ID).any() else len(row)
         np.testing.assert_array_equal(row[:end], forced[:end])
         assert (row[end:] == PAD_ID).all()
-    targets, mask = answer_targets(batch, family, m)
+    targets, mask = evaluator.model.eval_answers(batch, m)
     assert int(mask.sum()) == int((batch["targets"] != 0).sum() if family == "encoder_decoder"
                                   else batch["loss_mask"].sum())
 
@@ -63,7 +64,7 @@ def test_eval_on_its_own_targets_is_exact():
                       num_layers=1)
     evaluator = Evaluator(cfg, TASK, batch_size=8, num_examples=8)
     batch = evaluator.batches[0]
-    targets, mask = answer_targets(batch, "decoder_only", evaluator.max_new_tokens)
+    targets, mask = evaluator.model.eval_answers(batch, evaluator.max_new_tokens)
     wrong = targets.copy()
     wrong[0, 0] = (wrong[0, 0] + 1) % 16
     for predicted, want in ((targets, 1.0), (wrong, 7 / 8)):

@@ -12,8 +12,7 @@ from tfmjax.train.checkpoint import params_hash
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.schedules import make_schedule
 from tfmjax.train.state import create_state, reset_window
-from tfmjax.train.step import (jit_train_step, make_eval_step, make_train_step, targets_and_mask,
-                               window_means)
+from tfmjax.train.step import jit_train_step, make_eval_step, make_train_step, window_means
 
 TASK = make_task("copy", num_symbols=5, max_len=5)
 
@@ -28,9 +27,11 @@ def setup(cfg, *, lr=1e-2, accum=1, smoothing=0.0, batch_size=8):
     schedule = make_schedule("constant", peak_lr=lr, warmup_steps=0, total_steps=10,
                              d_model=cfg.d_model)
     tx = make_optimizer(schedule=schedule, clip_norm=1.0)
-    batch = make_batch(TASK, family=cfg.family, batch_size=batch_size, seed=0, step=0)
-    state = create_state(build(cfg), tx, batch, seed=0)
-    step = make_train_step(build(cfg, deterministic=False), tx, schedule, family=cfg.family,
+    model = build(cfg)
+    batch = make_batch(TASK, batch_format=model.batch_format, batch_size=batch_size, seed=0,
+                       step=0)
+    state = create_state(model, tx, batch, seed=0)
+    step = make_train_step(build(cfg, deterministic=False), tx, schedule,
                            label_smoothing=smoothing, grad_accum_steps=accum)
     return state, jit_train_step(step), batch
 
@@ -61,29 +62,29 @@ def test_loss_falls_on_a_fixed_batch(ed, family):
 
 
 def test_mask_skips_padding_and_prompt():
-    ed = make_batch(TASK, family="encoder_decoder", batch_size=8, seed=0, step=0)
-    do = make_batch(TASK, family="decoder_only", batch_size=8, seed=0, step=0)
-    _, ed_mask = targets_and_mask(ed, "encoder_decoder")
-    _, do_mask = targets_and_mask(do, "decoder_only")
+    ed = make_batch(TASK, batch_format="seq2seq", batch_size=8, seed=0, step=0)
+    do = make_batch(TASK, batch_format="prompt_answer", batch_size=8, seed=0, step=0)
+    _, ed_mask = build(tiny("encoder_decoder")).targets_and_mask(ed)
+    _, do_mask = build(tiny("decoder_only")).targets_and_mask(do)
     # the same examples: the answer (target + EOS) is all that is scored in both families
     assert float(ed_mask.sum()) == float(do_mask.sum()) == float((ed["targets"] != 0).sum())
     for i, p in enumerate(do["prompt_len"]):
         assert float(do_mask[i, :p].sum()) == 0.0
     cfg = tiny("decoder_only")
     state, _, _ = setup(cfg)
-    sums = make_eval_step(build(cfg), family="decoder_only")(state.params, do)
+    sums = make_eval_step(build(cfg))(state.params, do)
     assert float(sums["tokens"]) == float(do["loss_mask"].sum())
 
 
 def test_grad_accumulation_matches_one_big_batch():
     cfg = tiny()
-    batch = make_batch(TASK, family=cfg.family, batch_size=8, seed=0, step=0)
+    batch = make_batch(TASK, batch_format="seq2seq", batch_size=8, seed=0, step=0)
     tx = optax.sgd(1.0)  # params move by exactly -grad: compares the gradients themselves
     state = create_state(build(cfg), tx, batch, seed=0)
     results = []
     for k in (1, 2):
         step = make_train_step(build(cfg, deterministic=False), tx, lambda s: 1.0,
-                               family=cfg.family, grad_accum_steps=k)
+                               grad_accum_steps=k)
         results.append(jax.jit(step)(state, batch))
     (s1, m1), (s2, m2) = results
     np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5)

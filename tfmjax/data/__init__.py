@@ -1,12 +1,12 @@
 """Toy seq2seq tasks and deterministic fixed-shape batching (pure Python + NumPy).
 
     task = make_task("reverse", max_len=8)
-    batch = make_batch(task, family="decoder_only", batch_size=32, seed=0, step=step)
+    batch = make_batch(task, batch_format="prompt_answer", batch_size=32, seed=0, step=step)
 """
 
 from tfmjax.data.base import SPLITS, Task, example_split
 from tfmjax.data.batching import (
-    FAMILIES,
+    BATCH_FORMATS,
     batch_widths,
     collate,
     eval_batches,
@@ -20,7 +20,7 @@ from tfmjax.data.vocab import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, Vocab
 __all__ = [
     "BOS_ID",
     "EOS_ID",
-    "FAMILIES",
+    "BATCH_FORMATS",
     "MASK_ID",
     "PAD_ID",
     "SEP_ID",

@@ -1,13 +1,14 @@
 """Deterministic, fixed-shape batches: a batch is a pure function of (task, seed, step, split).
 
-Families (B = batch_size, S/T = widths from `batch_widths`, fixed per task and split):
-  "encoder_decoder": inputs  int32 [B, S] = source + EOS, then PAD (0);
+Batch formats (B = batch_size, S/T = widths from `batch_widths`, fixed per task and split);
+a model family names the one it trains on (``model.batch_format``):
+  "seq2seq":         inputs  int32 [B, S] = source + EOS, then PAD (0);
                      targets int32 [B, T] = target + EOS, then PAD.
-                     The model prepends BOS to targets (shift right) itself.
-  "decoder_only":    tokens     int32   [B, T] = source + SEP + target + EOS, then PAD;
+                     (encoder-decoder: the model prepends BOS to targets itself.)
+  "prompt_answer":   tokens     int32   [B, T] = source + SEP + target + EOS, then PAD;
                      loss_mask  float32 [B, T] = 1.0 on target tokens and that EOS only;
                      prompt_len int32   [B]    = len(source) + 1 (prompt incl. SEP).
-                     The model predicts tokens[:, t] from BOS + tokens[:, :t].
+                     (decoder-only: the model predicts tokens[:, t] from BOS + tokens[:, :t].)
 Widths depend only on (task, split); "train" and "eval" share them, so switching
 between them never triggers a recompile.
 """
@@ -21,19 +22,17 @@ import numpy as np
 from tfmjax.data.base import SPLITS, Example, Task
 from tfmjax.data.vocab import EOS_ID, PAD_ID, SEP_ID
 
-FAMILIES: tuple[str, ...] = ("encoder_decoder", "decoder_only")
+BATCH_FORMATS: tuple[str, ...] = ("seq2seq", "prompt_answer")
 _SPLIT_CODES = {name: i for i, name in enumerate(SPLITS)}  # train 0, eval 1, length 2
 
 Batch = dict[str, np.ndarray]
 
 
-def _check_family(family: str) -> None:
-    if family == "encoder_only":
-        raise ValueError(
-            "family 'encoder_only' has no seq2seq batches; use 'encoder_decoder' or 'decoder_only'"
-        )
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r} (valid families: {', '.join(FAMILIES)})")
+def _check_format(batch_format: str | None) -> None:
+    if batch_format not in BATCH_FORMATS:
+        raise ValueError(f"unknown batch format {batch_format!r} (valid formats: "
+                         f"{', '.join(BATCH_FORMATS)}); a model family without a format cannot "
+                         "train on toy tasks")
 
 
 def _check_int_arg(name: str, value: int, lo: int) -> None:
@@ -41,18 +40,19 @@ def _check_int_arg(name: str, value: int, lo: int) -> None:
         raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
 
 
-def batch_widths(task: Task, *, family: str, split: str = "train") -> dict[str, int]:
+def batch_widths(task: Task, *, batch_format: str, split: str = "train") -> dict[str, int]:
     """Padded sequence widths per batch key, e.g. {"inputs": S, "targets": T}."""
-    _check_family(family)
+    _check_format(batch_format)
     src, tgt = task.max_source_len(split) + 1, task.max_target_len(split) + 1  # + EOS / + SEP
-    if family == "encoder_decoder":
+    if batch_format == "seq2seq":
         return {"inputs": src, "targets": tgt}
     return {"tokens": src + tgt}
 
 
-def collate(task: Task, examples: Sequence[Example], *, family: str, split: str = "train") -> Batch:
-    """(source, target) pairs -> padded numpy batch of `family` (see module docstring)."""
-    widths = batch_widths(task, family=family, split=split)
+def collate(task: Task, examples: Sequence[Example], *, batch_format: str,
+            split: str = "train") -> Batch:
+    """(source, target) pairs -> padded numpy batch of `batch_format` (see module docstring)."""
+    widths = batch_widths(task, batch_format=batch_format, split=split)
     b = len(examples)
     max_src, max_tgt = task.max_source_len(split), task.max_target_len(split)
     for source, target in examples:
@@ -61,7 +61,7 @@ def collate(task: Task, examples: Sequence[Example], *, family: str, split: str 
                 f"task {task.name!r}: example ({len(source)}, {len(target)}) tokens exceeds "
                 f"declared max lengths for split {split!r}"
             )
-    if family == "encoder_decoder":
+    if batch_format == "seq2seq":
         inputs = np.full((b, widths["inputs"]), PAD_ID, np.int32)
         targets = np.full((b, widths["targets"]), PAD_ID, np.int32)
         for i, (source, target) in enumerate(examples):
@@ -80,31 +80,34 @@ def collate(task: Task, examples: Sequence[Example], *, family: str, split: str 
 
 
 def make_batch(
-    task: Task, *, family: str, batch_size: int, seed: int, step: int, split: str = "train"
+    task: Task, *, batch_format: str, batch_size: int, seed: int, step: int, split: str = "train"
 ) -> Batch:
     """Batch number `step` of the stream `seed`: same args -> identical arrays, no global state."""
-    _check_family(family)
+    _check_format(batch_format)
     task.check_split(split)
     _check_int_arg("batch_size", batch_size, 1)
     _check_int_arg("seed", seed, 0)
     _check_int_arg("step", step, 0)
     rng = np.random.default_rng([int(seed), int(step), _SPLIT_CODES[split]])
     examples = [task.sample(rng, split) for _ in range(batch_size)]
-    return collate(task, examples, family=family, split=split)
+    return collate(task, examples, batch_format=batch_format, split=split)
 
 
 def iterate_batches(
-    task: Task, *, family: str, batch_size: int, seed: int, start_step: int = 0, split: str = "train"
+    task: Task, *, batch_format: str, batch_size: int, seed: int, start_step: int = 0,
+    split: str = "train"
 ) -> Iterator[Batch]:
     """Endless make_batch(step) for step = start_step, start_step + 1, ... (resumable)."""
     step = start_step
     while True:
-        yield make_batch(task, family=family, batch_size=batch_size, seed=seed, step=step, split=split)
+        yield make_batch(task, batch_format=batch_format, batch_size=batch_size, seed=seed,
+                         step=step, split=split)
         step += 1
 
 
 def eval_batches(
-    task: Task, *, family: str, batch_size: int, num_examples: int, seed: int = 0, split: str = "eval"
+    task: Task, *, batch_format: str, batch_size: int, num_examples: int, seed: int = 0,
+    split: str = "eval"
 ) -> list[Batch]:
     """A fixed list of ceil(num_examples / batch_size) full batches (num_examples rounds up,
     so every batch has shape [batch_size, ...] and no example mask is needed)."""
@@ -112,13 +115,14 @@ def eval_batches(
     _check_int_arg("num_examples", num_examples, 1)
     n = -(-num_examples // batch_size)
     return [
-        make_batch(task, family=family, batch_size=batch_size, seed=seed, step=step, split=split)
+        make_batch(task, batch_format=batch_format, batch_size=batch_size, seed=seed, step=step,
+                   split=split)
         for step in range(n)
     ]
 
 
 def split_prompt_answer(tokens: Sequence[int] | np.ndarray, prompt_len: int) -> tuple[list[int], list[int]]:
-    """One decoder-only row -> (source ids, answer ids): drops SEP, stops before EOS/PAD."""
+    """One prompt_answer row -> (source ids, answer ids): drops SEP, stops before EOS/PAD."""
     row = [int(t) for t in tokens]
     answer = []
     for t in row[prompt_len:]:

@@ -30,9 +30,9 @@ NEG = -1.0e9   # the score of an empty slot (finite: no inf - inf)
 
 class _Beams(NamedTuple):
     t: Any
-    alive_seq: Any    # [B,W,N]
+    alive_seq: Any    # [B,W,M]
     alive_lp: Any     # [B,W]
-    fin_seq: Any      # [B,W,N]
+    fin_seq: Any      # [B,W,M]
     fin_score: Any    # [B,W] length-penalised, sorted descending
     fin_lp: Any       # [B,W]
     fin_len: Any      # [B,W]
@@ -42,7 +42,7 @@ class _Beams(NamedTuple):
 
 
 def _gather(x, idx):
-    """``x [B,M,...]``, ``idx [B,M']`` -> ``x[b, idx[b, m]]`` of shape ``[B,M',...]``."""
+    """``x [B,C,...]``, ``idx [B,C']`` -> ``x[b, idx[b, c]]`` of shape ``[B,C',...]``."""
     return jax.vmap(lambda row, i: row[i])(x, idx)
 
 
@@ -54,7 +54,7 @@ def _select(s: _Beams, strategy, max_new_tokens: int, eos_id):
     cand = (s.alive_lp[:, :, None] + log_p).reshape(B, W * V)
     top_lp, top_idx = jax.lax.top_k(cand, 2 * W)                        # [B,2W]
     parent, token = top_idx // V, (top_idx % V).astype(jnp.int32)
-    seqs = _gather(s.alive_seq, parent).at[:, :, s.t].set(token)        # [B,2W,N]
+    seqs = _gather(s.alive_seq, parent).at[:, :, s.t].set(token)        # [B,2W,M]
     is_eos = token == eos_id
     length = s.t + 1
     finishing = (is_eos | (length == max_new_tokens)) & (jnp.arange(2 * W) < W)[None, :]
@@ -81,24 +81,24 @@ def _select(s: _Beams, strategy, max_new_tokens: int, eos_id):
 def beam_search(step_fn, logits, cache, strategy, max_new_tokens: int, eos_id):
     """``logits [B,V]`` and ``cache`` (B rows) from prefill; ``step_fn`` as in the sample loop."""
     B, V = logits.shape
-    W, N = strategy.beam_size, max_new_tokens
+    W, M = strategy.beam_size, max_new_tokens
     zeros_bw = jnp.zeros((B, W), jnp.float32)
     s = _Beams(t=jnp.zeros((), jnp.int32),
-               alive_seq=jnp.zeros((B, W, N), jnp.int32),
+               alive_seq=jnp.zeros((B, W, M), jnp.int32),
                alive_lp=zeros_bw.at[:, 1:].set(NEG),
-               fin_seq=jnp.zeros((B, W, N), jnp.int32), fin_score=zeros_bw + NEG,
+               fin_seq=jnp.zeros((B, W, M), jnp.int32), fin_score=zeros_bw + NEG,
                fin_lp=zeros_bw, fin_len=jnp.zeros((B, W), jnp.int32),
                done=jnp.zeros((B,), bool), logits=jnp.repeat(logits, W, axis=0),
                cache=cache.repeat(W))
 
     def cond(s):
-        return (s.t < N - 1) & ~jnp.all(s.done)
+        return (s.t < M - 1) & ~jnp.all(s.done)
 
     def body(s):
-        s, fed, rows = _select(s, strategy, N, eos_id)
+        s, fed, rows = _select(s, strategy, M, eos_id)
         logits, cache = step_fn(s.cache.reorder(rows), fed)
         return s._replace(t=s.t + 1, logits=logits, cache=cache)
 
     s = jax.lax.while_loop(cond, body, s)
-    s, _, _ = _select(s, strategy, N, eos_id)
+    s, _, _ = _select(s, strategy, M, eos_id)
     return GenerateOutput(s.fin_seq[:, 0], s.fin_len[:, 0], s.fin_lp[:, 0], s.fin_score[:, 0])

@@ -2,9 +2,9 @@
 
 Step ``t`` picks token ``t`` of every row from the current logits, then feeds it to get the
 next logits. A row stops at its first ``eos_id`` (which is kept; later tokens are 0); the loop
-stops when every row has stopped or after ``max_new_tokens`` tokens. The last token is picked
+stops when every row has stopped or after ``max_new_tokens`` (``M``) tokens. The last token is picked
 outside the loop, so no forward pass is wasted and the cache needs ``max_new_tokens - 1``
-slots after the prompt. Step ``t`` samples with ``fold_in(rng, t)``: the same seed gives the
+slots after the prompt (``M - 1``). Step ``t`` samples with ``fold_in(rng, t)``: the same seed gives the
 same tokens, whatever the prompt padding.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 class GenerateOutput(NamedTuple):
     """What :func:`tfmjax.decode.generate` returns (jax arrays)."""
-    tokens: Any      # [B,N] int32 generated ids, EOS included, 0 after it
+    tokens: Any      # [B,M] int32 generated ids, EOS included, 0 after it
     lengths: Any     # [B]   int32 generated tokens per row, EOS included
     log_probs: Any   # [B]   float32 sum of the model's log p (temperature 1) of those tokens
     scores: Any      # [B]   float32 log_probs (sampling); the length-penalised score (beam)

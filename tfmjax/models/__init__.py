@@ -1,14 +1,19 @@
-"""Model families and :func:`build`, the one place that turns a ModelConfig into a module."""
+"""Model families and :func:`build`, the one place that turns a ModelConfig into a module.
+
+Every family implements the interface of :mod:`tfmjax.models.family`; the rest of tfmjax
+talks to a model only through it.
+"""
 from __future__ import annotations
 
-from tfmjax.config import ModelConfig
+from tfmjax.config import PRESETS, ModelConfig, get_preset, preset
+from tfmjax.models.cache import KVCache, kv_cache_bytes
+from tfmjax.models.checks import InputError
 from tfmjax.models.decoder_only import DecoderOnly
 from tfmjax.models.encoder_decoder import EncoderDecoder
 from tfmjax.models.encoder_only import EncoderOnly
-from tfmjax.models.presets import PRESETS, get_preset, preset
+from tfmjax.models.family import Family
 
-FAMILIES = {"encoder_decoder": EncoderDecoder, "decoder_only": DecoderOnly,
-            "encoder_only": EncoderOnly}
+FAMILIES: dict[str, type] = {cls.family: cls for cls in (EncoderDecoder, DecoderOnly, EncoderOnly)}
 
 
 def build(config: ModelConfig, *, deterministic: bool = True):
@@ -16,14 +21,5 @@ def build(config: ModelConfig, *, deterministic: bool = True):
     return FAMILIES[config.family](config, deterministic=deterministic)
 
 
-def dummy_batch(config: ModelConfig, batch: int = 2, length: int = 8) -> dict:
-    """An all-ones int32 batch of the family's shape, for ``init`` and ``eval_shape``."""
-    import jax.numpy as jnp
-    ones = jnp.ones((batch, length), jnp.int32)
-    if config.family == "encoder_decoder":
-        return {"inputs": ones, "targets": ones}
-    return {"tokens": ones}
-
-
-__all__ = ["build", "dummy_batch", "DecoderOnly", "EncoderDecoder", "EncoderOnly", "PRESETS",
-           "get_preset", "preset"]
+__all__ = ["build", "FAMILIES", "Family", "DecoderOnly", "EncoderDecoder", "EncoderOnly",
+           "InputError", "KVCache", "kv_cache_bytes", "PRESETS", "get_preset", "preset"]

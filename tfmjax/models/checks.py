@@ -2,16 +2,14 @@
 
 JAX clamps out-of-range gathers silently, so a bad token id would otherwise train or
 decode on the wrong embedding row without a word. These checks cost microseconds on the
-host and nothing inside the jitted step.
+host and nothing inside the jitted step. ``model.check_batch(batch)`` applies them to every
+token array of a family's batch (:class:`tfmjax.models.family.Family`).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from tfmjax.config import ModelConfig
-
-TOKEN_KEYS = {"encoder_decoder": ("inputs", "targets"), "decoder_only": ("tokens",),
-              "encoder_only": ("tokens",)}
 
 
 class InputError(ValueError):
@@ -39,15 +37,3 @@ def check_length(length: int, config: ModelConfig, name: str = "tokens") -> None
     if config.position == "learned" and length > config.max_len:
         raise InputError(f"{name} has length {length} but the model takes at most "
                          f"model.max_len={config.max_len}; shorten the input or raise model.max_len")
-
-
-def check_batch(batch: dict, config: ModelConfig) -> None:
-    """Check every token array of a model batch (ids and lengths)."""
-    for key in TOKEN_KEYS[config.family]:
-        if key not in batch:
-            raise InputError(f"a {config.family} batch needs key {key!r}; got keys {sorted(batch)}")
-        ids = np.asarray(batch[key])
-        if ids.ndim != 2:
-            raise InputError(f"{key} must be [batch, length], got shape {ids.shape}")
-        check_tokens(ids, config.vocab_size, key)
-        check_length(ids.shape[1], config, key)

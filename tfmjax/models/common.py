@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tfmjax.config import DTYPES as config_dtypes
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockConfig
 from tfmjax.layers.embeddings import TokenEmbedding
@@ -13,7 +14,7 @@ from tfmjax.layers.positions import (LearnedPositions, RelativePositionBias, ali
                                      sinusoidal)
 from tfmjax.layers.stack import LayerStack
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DTYPES = {name: jnp.dtype(name) for name in config_dtypes}   # model.dtype -> compute dtype
 
 
 def block_config(cfg: ModelConfig) -> BlockConfig:
@@ -47,6 +48,12 @@ def segment_positions(segment_ids):
                      constant_values=True)
     start_idx = jnp.where(starts, idx, 0)
     return idx - jax.lax.cummax(start_idx, axis=1)
+
+
+def positions_from_segments(segment_ids):
+    """Positions of right-padded rows: ``0..n-1`` on the tokens, 0 on the padding. ``[B,T]``."""
+    positions = jnp.cumsum(segment_ids, axis=1) - 1
+    return jnp.where(segment_ids > 0, positions, 0).astype(jnp.int32)
 
 
 def padding_segments(tokens):

@@ -1,24 +1,44 @@
-"""Decoder-only transformer (GPT / LLaMA family, seed 000 §4.4 and §4.6).
+"""Decoder-only transformer (GPT / LLaMA family; Radford et al. 2018, Touvron et al. 2023).
 
 ``model.apply(params, {"tokens": [B,T]})`` returns logits ``[B,T,V]`` where ``logits[:, t]``
 predicts ``tokens[:, t]`` from ``BOS, tokens[:, :t]`` (the model shifts right itself).
 Optional batch keys: ``segment_ids [B,T]`` (packing; 0 = padding) and ``positions [B,T]``.
+
+Trains on ``prompt_answer`` batches (``tokens``, ``loss_mask``, ``prompt_len``; see
+:mod:`tfmjax.data.batching`); the family methods are described in :mod:`tfmjax.models.family`.
+Generation left-pads prompts behind BOS (:mod:`tfmjax.models.prompts`).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
 
 from tfmjax.config import ModelConfig
+from tfmjax.data.batching import split_prompt_answer
+from tfmjax.data.vocab import PAD_ID, SEP_ID
+from tfmjax.layers.attention import init_cache as init_layer_cache
 from tfmjax.layers.blocks import BlockInputs, SelfAttentionBlock
 from tfmjax.layers.stack import layer_cache
+from tfmjax.models.cache import KVCache
 from tfmjax.models.checks import check_length
-from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
-                                  padding_segments, segment_positions, shift_right)
+from tfmjax.models.common import (DTYPES, Embedder, OutputHead, PositionExtras, make_stack,
+                                  padding_segments, positions_from_segments, segment_positions,
+                                  shift_right)
+from tfmjax.models.family import Family
+from tfmjax.models.prompts import left_pad_decoder_prompts
 
 
-class DecoderOnly(nn.Module):
+class DecoderOnly(Family, nn.Module):
     config: ModelConfig
     deterministic: bool = True
+
+    family = "decoder_only"
+    batch_format = "prompt_answer"
+    token_keys = ("tokens",)
+    can_generate = True
 
     def setup(self):
         cfg = self.config
@@ -52,3 +72,93 @@ class DecoderOnly(nn.Module):
         x = self.embedder(input_ids, positions, deterministic=self.deterministic)
         x, cache = self.stack(x, cache, BlockInputs(positions, segment_ids, slopes, bias))
         return self.head(x, self.embedder), cache
+
+    # -- the family interface (see tfmjax.models.family) ------------------------------------
+
+    @nn.nowrap
+    def layer_stacks(self) -> dict[str, int]:
+        return {"decoder": self.config.num_layers}
+
+    @nn.nowrap
+    def targets_and_mask(self, batch: dict):
+        """Every token is a target; ``loss_mask`` keeps the answer (and its EOS) only."""
+        return batch["tokens"], jnp.asarray(batch["loss_mask"], jnp.float32)
+
+    @nn.nowrap
+    def eval_prompts(self, batch: dict) -> np.ndarray:
+        """Each row's ``source SEP`` (its first ``prompt_len`` tokens); the answer is not read."""
+        tokens, prompt_len = np.asarray(batch["tokens"]), np.asarray(batch["prompt_len"])
+        width = int(prompt_len.max())
+        keep = np.arange(width)[None, :] < prompt_len[:, None]
+        return np.where(keep, tokens[:, :width], PAD_ID).astype(np.int32)
+
+    @nn.nowrap
+    def eval_answers(self, batch: dict, max_new_tokens: int):
+        """The tokens after each prompt (answer, EOS, then PAD) and where they must match."""
+        tokens, mask, prompt_len = batch["tokens"], batch["loss_mask"], batch["prompt_len"]
+        width = tokens.shape[1]
+        idx = prompt_len[:, None] + np.arange(max_new_tokens)[None, :]
+        inside = idx < width
+        idx = np.minimum(idx, width - 1)
+        targets = np.where(inside, np.take_along_axis(tokens, idx, axis=1), PAD_ID)
+        return targets.astype(np.int32), inside & (np.take_along_axis(mask, idx, axis=1) > 0)
+
+    @nn.nowrap
+    def source_and_target(self, batch: dict, i: int):
+        return split_prompt_answer(batch["tokens"][i], int(batch["prompt_len"][i]))
+
+    @nn.nowrap
+    def prompt_for_source(self, source_ids: list[int]) -> list[int]:
+        return list(source_ids) + [SEP_ID]
+
+    @nn.nowrap
+    def check_generation(self, lengths, max_new_tokens: int) -> None:
+        """Learned positions have ``max_len`` entries: prompt + new tokens must fit."""
+        longest, limit = int(np.max(lengths)), self.config.max_len
+        if self.config.position == "learned" and longest + max_new_tokens > limit:
+            raise ValueError(f"prompt length {longest} + max_new_tokens {max_new_tokens} = "
+                             f"{longest + max_new_tokens} exceeds model.max_len={limit} "
+                             "(learned positions)")
+
+    @nn.nowrap
+    def prompt_arrays(self, prompts: np.ndarray) -> tuple:
+        """Right-padded ``[B,P]`` -> left-padded ``(ids, positions, segment_ids)`` ``[B,P']``."""
+        return tuple(left_pad_decoder_prompts(prompts, self.config.bos_id)[:3])
+
+    @nn.nowrap
+    def init_cache(self, batch: int, capacity: int) -> KVCache:
+        cfg = self.config
+        layers = tuple(init_layer_cache(batch, capacity, cfg.kv_heads, cfg.head_width,
+                                        DTYPES[cfg.dtype]) for _ in range(cfg.num_layers))
+        return KVCache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32))
+
+    @nn.nowrap
+    def prefill(self, params, arrays: tuple, max_new_tokens: int):
+        """The whole left-padded prompt (BOS included) in one pass; room for ``M - 1`` more."""
+        model, params = self.unrolled(params)
+        ids, positions, segment_ids = arrays
+        cache = model.init_cache(ids.shape[0], ids.shape[1] + max_new_tokens - 1)
+        logits, layers = model.apply(params, ids, positions, segment_ids, cache.layers,
+                                     method="forward")
+        lengths = jnp.max(positions, axis=1).astype(jnp.int32) + 1
+        return logits[:, -1], KVCache(layers=layers, lengths=lengths)
+
+    @nn.nowrap
+    def decode_step(self, params, cache: KVCache, tokens):
+        """Feed ``tokens [B]`` at position ``cache.lengths``: ``(logits [B,V], cache)``."""
+        model, params = self.unrolled(params)
+        ids = tokens.astype(jnp.int32)[:, None]
+        logits, layers = model.apply(params, ids, cache.lengths[:, None], jnp.ones_like(ids),
+                                     cache.layers, method="forward")
+        return logits[:, 0], dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1)
+
+    @nn.nowrap
+    def split_prompts(self, prompts: np.ndarray):
+        """The whole prompt is the decoder's prefix; there is no separate context."""
+        return prompts, None
+
+    @nn.nowrap
+    def sequence_logits(self, params, tokens, segment_ids, context=None):
+        """Uncached ``[B,T,V]`` over right-padded ``tokens``: ``logits[:, j]`` predicts ``tokens[:, j]``."""
+        return self.apply(params, {"tokens": tokens, "segment_ids": segment_ids,
+                                   "positions": positions_from_segments(segment_ids)})

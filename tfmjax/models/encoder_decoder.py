@@ -1,27 +1,44 @@
-"""Encoder-decoder transformer (Vaswani et al.; seed 000 §1.4, §3, §4.5).
+"""Encoder-decoder transformer (Vaswani et al. 2017).
 
 ``model.apply(params, {"inputs": [B,S], "targets": [B,T]})`` returns logits ``[B,T,V]``;
 ``logits[:, t]`` predicts ``targets[:, t]`` from the inputs and ``BOS, targets[:, :t]``
-(teacher forcing, seed 002). ``encode`` and ``decode`` are separate methods for generation:
+(teacher forcing). ``encode`` and ``decode`` are separate methods for generation:
 ``model.apply(params, inputs, method="encode")``.
+
+Trains on ``seq2seq`` batches (``inputs``, ``targets``; see :mod:`tfmjax.data.batching`);
+the family methods are described in :mod:`tfmjax.models.family`.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from tfmjax.config import ModelConfig
+from tfmjax.data.vocab import EOS_ID, PAD_ID
+from tfmjax.layers.attention import init_cache as init_layer_cache
 from tfmjax.layers.blocks import BlockInputs, DecoderBlock, EncoderBlock
-from tfmjax.layers.stack import layer_cache
 from tfmjax.layers.norms import make_norm
+from tfmjax.layers.stack import layer_cache
+from tfmjax.models.cache import KVCache
 from tfmjax.models.checks import check_length
-from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
-                                  padding_segments, segment_positions, shift_right)
+from tfmjax.models.common import (DTYPES, Embedder, OutputHead, PositionExtras, make_stack,
+                                  padding_segments, positions_from_segments, segment_positions,
+                                  shift_right)
+from tfmjax.models.family import Family
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(Family, nn.Module):
     config: ModelConfig
     deterministic: bool = True
+
+    family = "encoder_decoder"
+    batch_format = "seq2seq"
+    token_keys = ("inputs", "targets")
+    can_generate = True
+    prompt_name = "encoder inputs"
 
     def setup(self):
         cfg = self.config
@@ -73,3 +90,104 @@ class EncoderDecoder(nn.Module):
                              jnp.asarray(encoded_segment_ids, jnp.int32))
         x, cache = self.decoder(x, cache, inputs)
         return self.head(x, self.embedder), cache
+
+    # -- the family interface (see tfmjax.models.family) ------------------------------------
+
+    @nn.nowrap
+    def layer_stacks(self) -> dict[str, int]:
+        return {"encoder": self.config.num_layers, "decoder": self.config.decoder_layers}
+
+    @nn.nowrap
+    def targets_and_mask(self, batch: dict):
+        """The targets themselves; loss on every non-padding target token (EOS included)."""
+        targets = batch["targets"]
+        return targets, (targets != PAD_ID).astype(jnp.float32)
+
+    @nn.nowrap
+    def eval_prompts(self, batch: dict) -> np.ndarray:
+        """The encoder inputs (``source EOS``)."""
+        return np.asarray(batch["inputs"])
+
+    @nn.nowrap
+    def eval_answers(self, batch: dict, max_new_tokens: int):
+        """The targets (answer, EOS, then PAD), cut or padded to ``M``, and their non-PAD mask."""
+        targets = np.zeros((batch["targets"].shape[0], max_new_tokens), np.int32)
+        width = min(max_new_tokens, batch["targets"].shape[1])
+        targets[:, :width] = batch["targets"][:, :width]
+        return targets, targets != PAD_ID
+
+    @nn.nowrap
+    def source_and_target(self, batch: dict, i: int):
+        return batch["inputs"][i], batch["targets"][i]
+
+    @nn.nowrap
+    def prompt_for_source(self, source_ids: list[int]) -> list[int]:
+        return list(source_ids) + [EOS_ID]
+
+    @nn.nowrap
+    def check_generation(self, lengths, max_new_tokens: int) -> None:
+        """Learned positions have ``max_len`` entries: inputs and outputs must each fit."""
+        if self.config.position != "learned":
+            return
+        longest, limit = int(np.max(lengths)), self.config.max_len
+        if longest > limit:
+            raise ValueError(f"encoder input length {longest} exceeds model.max_len={limit} "
+                             "(learned positions)")
+        if max_new_tokens > limit:
+            raise ValueError(f"max_new_tokens {max_new_tokens} exceeds model.max_len={limit} "
+                             "(learned positions)")
+
+    @nn.nowrap
+    def prompt_arrays(self, prompts: np.ndarray) -> tuple:
+        """The right-padded encoder inputs as they are: ``(inputs [B,S],)``."""
+        return (prompts,)
+
+    @nn.nowrap
+    def init_cache(self, batch: int, capacity: int) -> KVCache:
+        cfg = self.config
+        layers = tuple({"self": init_layer_cache(batch, capacity, cfg.kv_heads, cfg.head_width,
+                                                 DTYPES[cfg.dtype])}
+                       for _ in range(cfg.decoder_layers))
+        return KVCache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32))
+
+    @nn.nowrap
+    def prefill(self, params, arrays: tuple, max_new_tokens: int):
+        """Encode once, project the cross K/V once (first decoder call) and run BOS."""
+        model, params = self.unrolled(params)
+        (inputs,) = arrays
+        B = inputs.shape[0]
+        encoded_segment_ids = padding_segments(inputs)
+        encoded = model.apply(params, inputs, method="encode")
+        cache = model.init_cache(B, max_new_tokens)
+        bos = jnp.full((B, 1), self.config.bos_id, jnp.int32)
+        logits, layers = model.apply(params, bos, jnp.zeros((B, 1), jnp.int32),
+                                     jnp.ones((B, 1), jnp.int32), encoded, encoded_segment_ids,
+                                     cache.layers, method="decode")
+        cache = KVCache(layers=layers, lengths=jnp.ones((B,), jnp.int32), encoded=encoded,
+                        encoded_segment_ids=encoded_segment_ids)
+        return logits[:, -1], cache
+
+    @nn.nowrap
+    def decode_step(self, params, cache: KVCache, tokens):
+        """Feed ``tokens [B]`` at position ``cache.lengths``: ``(logits [B,V], cache)``."""
+        model, params = self.unrolled(params)
+        ids = tokens.astype(jnp.int32)[:, None]
+        logits, layers = model.apply(params, ids, cache.lengths[:, None], jnp.ones_like(ids),
+                                     cache.encoded, cache.encoded_segment_ids, cache.layers,
+                                     method="decode")
+        return logits[:, 0], dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1)
+
+    @nn.nowrap
+    def split_prompts(self, prompts: np.ndarray):
+        """The prompts are the encoder's context; the decoder starts empty (behind BOS)."""
+        return np.zeros((prompts.shape[0], 0), np.int32), prompts
+
+    @nn.nowrap
+    def sequence_logits(self, params, tokens, segment_ids, context=None):
+        """Uncached ``[B,T,V]``: encoder over ``context``, decoder over ``BOS, tokens[:, :-1]``."""
+        bos = self.config.bos_id
+        shifted = jnp.concatenate([jnp.full_like(tokens[:, :1], bos), tokens[:, :-1]], axis=1)
+        encoded = self.apply(params, context, method="encode")
+        logits, _ = self.apply(params, shifted, positions_from_segments(segment_ids),
+                               segment_ids, encoded, padding_segments(context), method="decode")
+        return logits

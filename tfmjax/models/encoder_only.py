@@ -1,4 +1,4 @@
-"""Encoder-only transformer with a masked-LM head (BERT family, seed 001).
+"""Encoder-only transformer with a masked-LM head (BERT family; Devlin et al. 2019).
 
 ``model.apply(params, {"tokens": [B,T]})`` returns logits ``[B,T,V]`` at every position
 (bidirectional, no shift). Optional ``segment_ids [B,T]`` and ``positions [B,T]``.
@@ -12,11 +12,16 @@ from tfmjax.layers.blocks import BlockInputs, EncoderBlock
 from tfmjax.models.checks import check_length
 from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
                                   padding_segments, segment_positions)
+from tfmjax.models.family import Family
 
 
-class EncoderOnly(nn.Module):
+class EncoderOnly(Family, nn.Module):
+    """No task batch format yet and no generation: the family methods raise for those."""
     config: ModelConfig
     deterministic: bool = True
+
+    family = "encoder_only"
+    token_keys = ("tokens",)
 
     def setup(self):
         cfg = self.config
@@ -35,3 +40,7 @@ class EncoderOnly(nn.Module):
         x = self.embedder(tokens, positions, deterministic=self.deterministic)
         x, _ = self.stack(x, None, BlockInputs(positions, segment_ids, slopes, bias))
         return self.head(x, self.embedder)
+
+    @nn.nowrap
+    def layer_stacks(self) -> dict[str, int]:
+        return {"encoder": self.config.num_layers}

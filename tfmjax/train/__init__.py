@@ -1,9 +1,9 @@
-"""Training: state, losses, schedules, optimizer, pure steps, the loop, checkpoints, logging.
+"""Training: state, schedules, optimizer, pure steps, the loop, logging.
 
     from tfmjax.train import train          # the loop (resumes from the workdir)
     from tfmjax.train import TrainState, make_train_step, make_eval_step
 
-Names are imported lazily, so ``import tfmjax.train.losses`` does not pull in Orbax.
+Names are imported lazily, so ``import tfmjax.train.step`` does not pull in Orbax.
 """
 from __future__ import annotations
 

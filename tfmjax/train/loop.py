@@ -27,21 +27,18 @@ from pathlib import Path
 
 import jax
 
-from tfmjax.config import ConfigError, Experiment
+from tfmjax.config import LOWER_IS_BETTER, ConfigError, Experiment
 from tfmjax.data import make_batch, make_task
-from tfmjax.evaluate import Evaluator
-from tfmjax.models import build
-from tfmjax.models.checks import InputError, check_batch
+from tfmjax.evaluator import Evaluator
+from tfmjax.models import FAMILIES, build
+from tfmjax.models.checks import InputError
+from tfmjax.models.summary import summarize
 from tfmjax.train.checkpoint import Checkpointer
 from tfmjax.train.metrics_log import Console, MetricsLog
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.schedules import make_schedule
 from tfmjax.train.state import abstract_state, count_params, create_state, reset_window
 from tfmjax.train.step import jit_train_step, make_train_step, window_means
-
-TRAINABLE_FAMILIES = ("encoder_decoder", "decoder_only")
-EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity")  # best_metric choices
-LOWER_IS_BETTER = ("loss", "perplexity")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -62,32 +59,26 @@ class Run:
 
     def batch(self, step: int) -> dict:
         exp = self.experiment
-        return make_batch(self.task, family=exp.model.family, batch_size=exp.data.batch_size,
-                          seed=exp.train.seed, step=step)
+        return make_batch(self.task, batch_format=self.model.batch_format,
+                          batch_size=exp.data.batch_size, seed=exp.train.seed, step=step)
 
 
-def _task(experiment: Experiment):
+def _task(experiment: Experiment, model):
     """The task, checked against the model: one-line ConfigError for any mismatch."""
-    model, data = experiment.model, experiment.data
-    if model.family not in TRAINABLE_FAMILIES:
-        raise ConfigError(f"model.family={model.family!r} cannot be trained on a seq2seq task; "
-                          f"use one of {', '.join(TRAINABLE_FAMILIES)}")
+    data = experiment.data
+    if model.batch_format is None:
+        trainable = ", ".join(name for name, cls in FAMILIES.items() if cls.batch_format)
+        raise ConfigError(f"model.family={model.family!r} cannot be trained on a toy task; "
+                          f"use one of {trainable}")
     try:
         task = make_task(data.task, **data.task_params)
     except ValueError as err:
         raise ConfigError(f"data.task={data.task!r}: {err}") from None
-    if model.vocab_size < task.vocab.size:
-        raise ConfigError(f"model.vocab_size={model.vocab_size} is smaller than the vocabulary "
+    vocab_size = experiment.model.vocab_size
+    if vocab_size < task.vocab.size:
+        raise ConfigError(f"model.vocab_size={vocab_size} is smaller than the vocabulary "
                           f"of task {data.task!r} ({task.vocab.size} ids); set model.vocab_size "
                           f">= {task.vocab.size}")
-    best = experiment.train.best_metric
-    if best not in EVAL_METRICS:
-        raise ConfigError(f"train.best_metric={best!r} is invalid: must be one of "
-                          f"{', '.join(EVAL_METRICS)}")
-    k = experiment.optim.grad_accum_steps
-    if data.batch_size % k:
-        raise ConfigError(f"data.batch_size={data.batch_size} must be divisible by "
-                          f"optim.grad_accum_steps={k} (each step splits the batch in k parts)")
     return task
 
 
@@ -117,8 +108,9 @@ def build_run(experiment: Experiment) -> Run:
 
 
 def _build_run(experiment: Experiment) -> Run:
-    task = _task(experiment)
     m, o, t, d = experiment.model, experiment.optim, experiment.train, experiment.data
+    model = build(m)
+    task = _task(experiment, model)
     try:
         schedule = make_schedule(o.schedule, peak_lr=o.learning_rate, warmup_steps=o.warmup_steps,
                                  total_steps=t.steps, d_model=m.d_model, end_lr=o.end_learning_rate,
@@ -132,16 +124,15 @@ def _build_run(experiment: Experiment) -> Run:
         raise ConfigError(str(err)) from None
     tx = make_optimizer(schedule=schedule, weight_decay=o.weight_decay, b1=o.b1, b2=o.b2,
                         eps=o.eps, clip_norm=o.clip_norm)
-    step = make_train_step(build(m, deterministic=False), tx, schedule, family=m.family,
+    step = make_train_step(build(m, deterministic=False), tx, schedule,
                            label_smoothing=o.label_smoothing, grad_accum_steps=o.grad_accum_steps)
-    run = Run(experiment, task, build(m), tx, schedule, jit_train_step(step), evaluator, 0)
+    run = Run(experiment, task, model, tx, schedule, jit_train_step(step), evaluator, 0)
     sample = run.batch(0)
     try:
-        check_batch(sample, m)
+        model.check_batch(sample)
     except InputError as err:
         raise ConfigError(str(err)) from None
-    run.tokens_per_step = sum(int(x.size) for k, x in sample.items()
-                              if k in ("inputs", "targets", "tokens"))
+    run.tokens_per_step = sum(int(sample[key].size) for key in model.token_keys)
     return run
 
 
@@ -247,7 +238,7 @@ class _Loop:
             return state, start, False
         for step in range(start, t.steps):
             batch = self.run.batch(step)
-            check_batch(batch, self.run.experiment.model)
+            self.run.model.check_batch(batch)
             self.window.steps += 1
             if step == start:
                 state = self.first_step(state, batch)
@@ -280,11 +271,7 @@ class _Loop:
 
 def _header(run: Run, params, start: int, console: Console) -> None:
     exp = run.experiment
-    try:
-        from tfmjax.summary import summarize
-        console.print(summarize(exp.model))
-    except ImportError:
-        pass
+    console.print(summarize(exp.model))
     console.print(f"experiment {exp.name}: {exp.model.family} on task {exp.data.task}, "
                   f"{count_params(params):,} parameters, batch {exp.data.batch_size}, "
                   f"{exp.train.steps} steps; workdir {exp.workdir}")

@@ -1,4 +1,8 @@
-"""AdamW with gradient clipping, a weight-decay mask and gradient accumulation."""
+"""AdamW with gradient clipping and a weight-decay mask.
+
+Gradient accumulation is not an optimizer wrapper here: the train step scans micro-batches
+and sums their gradients before one update (:mod:`tfmjax.train.step`).
+"""
 
 from __future__ import annotations
 
@@ -70,18 +74,11 @@ def make_optimizer(
     b2: float = 0.98,
     eps: float = 1e-9,
     clip_norm: float | None = 1.0,
-    grad_accum_steps: int = 1,
 ) -> optax.GradientTransformation:
     """Global-norm clipping (if ``clip_norm``) then AdamW, masked by ``weight_decay_mask``.
 
     ``schedule`` is a learning rate or an Optax schedule. Weight decay is
     decoupled (AdamW) and scaled by the learning rate, as in ``optax.adamw``.
-
-    With ``grad_accum_steps = k > 1`` the chain is wrapped in
-    ``optax.MultiSteps``: ``update`` returns zero updates for k - 1 calls and
-    on the k-th applies the chain to the mean of the k gradients. Clipping
-    therefore acts on the mean gradient, and the schedule counts optimizer
-    steps, not micro-batches.
     """
     if not (callable(schedule) or isinstance(schedule, numbers.Real | jax.Array)):
         raise ValueError(f"schedule must be a float or an optax.Schedule, got {schedule!r}")
@@ -91,9 +88,6 @@ def make_optimizer(
     _check_real("eps", eps, 0.0, math.inf, hi_open=True, lo_open=True)
     if clip_norm is not None:
         _check_real("clip_norm", clip_norm, 0.0, math.inf, hi_open=True, lo_open=True)
-    bad_k = isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, numbers.Integral)
-    if bad_k or grad_accum_steps < 1:
-        raise ValueError(f"grad_accum_steps must be an int >= 1, got {grad_accum_steps!r}")
 
     parts = [] if clip_norm is None else [optax.clip_by_global_norm(float(clip_norm))]
     parts.append(
@@ -106,10 +100,7 @@ def make_optimizer(
             mask=weight_decay_mask,
         )
     )
-    tx = optax.chain(*parts)
-    if grad_accum_steps > 1:
-        tx = optax.MultiSteps(tx, every_k_schedule=int(grad_accum_steps)).gradient_transformation()
-    return tx
+    return optax.chain(*parts)
 
 
 def current_learning_rate(schedule: optax.ScalarOrSchedule, step) -> jax.Array:

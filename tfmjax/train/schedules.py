@@ -18,6 +18,8 @@ import numbers
 import jax.numpy as jnp
 import optax
 
+from tfmjax.config import SCHEDULES
+
 __all__ = [
     "SCHEDULE_NAMES",
     "inverse_sqrt_warmup",
@@ -28,7 +30,8 @@ __all__ = [
     "warmup_stable_decay",
 ]
 
-SCHEDULE_NAMES: tuple[str, ...] = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
+# The names a config may give (``optim.schedule``); make_schedule builds each of them.
+SCHEDULE_NAMES: tuple[str, ...] = SCHEDULES
 
 
 # --------------------------------------------------------------------------- checks
@@ -207,16 +210,15 @@ def make_schedule(
     ``peak_lr * (d_model * warmup_steps)^-0.5``); ``total_steps`` and
     ``end_lr`` are ignored. Arguments a schedule does not use are not checked.
     """
-    if name == "inverse_sqrt":
-        return inverse_sqrt_warmup(d_model, warmup_steps, scale=peak_lr)
-    if name == "cosine":
-        return warmup_cosine(peak_lr, warmup_steps, total_steps, end_lr=end_lr)
-    if name == "linear":
-        return warmup_linear(peak_lr, warmup_steps, total_steps, end_lr=end_lr)
-    if name == "constant":
-        return warmup_constant(peak_lr, warmup_steps)
-    if name == "wsd":
-        return warmup_stable_decay(
+    builders = {
+        "inverse_sqrt": lambda: inverse_sqrt_warmup(d_model, warmup_steps, scale=peak_lr),
+        "cosine": lambda: warmup_cosine(peak_lr, warmup_steps, total_steps, end_lr=end_lr),
+        "linear": lambda: warmup_linear(peak_lr, warmup_steps, total_steps, end_lr=end_lr),
+        "constant": lambda: warmup_constant(peak_lr, warmup_steps),
+        "wsd": lambda: warmup_stable_decay(
             peak_lr, warmup_steps, total_steps, decay_fraction=decay_fraction, end_lr=end_lr
-        )
-    raise ValueError(f"name must be one of {SCHEDULE_NAMES}, got {name!r}")
+        ),
+    }
+    if name not in builders:
+        raise ValueError(f"name must be one of {SCHEDULE_NAMES}, got {name!r}")
+    return builders[name]()

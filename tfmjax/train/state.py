@@ -21,8 +21,10 @@ import optax
 
 # Running sums since the last log step. Counts of tokens and sequences are float32 so a
 # window of any length fits; ``first_nonfinite`` is -1 until a step has a non-finite loss.
-WINDOW_KEYS = ("steps", "loss_sum", "nll_sum", "tokens", "correct", "exact", "sequences",
-               "grad_norm_sum", "nonfinite", "first_nonfinite", "learning_rate")
+# ``SUM_KEYS`` are the per-batch sums a train step adds (see tfmjax.train.step.batch_sums).
+SUM_KEYS = ("loss_sum", "nll_sum", "tokens", "correct", "exact", "sequences")
+WINDOW_KEYS = ("steps", *SUM_KEYS, "grad_norm_sum", "nonfinite", "first_nonfinite",
+               "learning_rate")
 
 
 @flax.struct.dataclass

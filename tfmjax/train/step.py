@@ -1,9 +1,8 @@
 """Pure train and eval steps: ``train_step(state, batch) -> (state, metrics)``.
 
-Batches (NumPy or JAX, fixed shapes):
-  encoder_decoder  {"inputs": [B,S], "targets": [B,T]}; loss on targets != 0 (padding).
-  decoder_only     {"tokens": [B,T], "loss_mask": [B,T], ...}; loss on the answer only
-                   (``loss_mask`` is 0 on the prompt and on padding).
+Batches (NumPy or JAX, fixed shapes) are in the model family's ``batch_format``; the model
+says which ids its logits predict and how much each counts (``model.targets_and_mask``:
+every non-padding target for encoder-decoder, the answer only for decoder-only).
 
 One step = one optimizer update on the whole batch. ``grad_accum_steps = k`` splits the
 batch into k micro-batches of B/k rows, scanned, to save activation memory; the gradient
@@ -22,18 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tfmjax.train.losses import cross_entropy, sequence_exact_match, token_accuracy
-from tfmjax.train.state import TrainState
-
-SUM_KEYS = ("loss_sum", "nll_sum", "tokens", "correct", "exact", "sequences")
-
-
-def targets_and_mask(batch: dict, family: str) -> tuple[jax.Array, jax.Array]:
-    """The ids the logits predict and the float32 loss weight, both ``[B,T]``."""
-    if family == "encoder_decoder":
-        targets = batch["targets"]
-        return targets, (targets != 0).astype(jnp.float32)
-    return batch["tokens"], jnp.asarray(batch["loss_mask"], jnp.float32)
+from tfmjax.losses import cross_entropy, sequence_exact_match, token_accuracy
+from tfmjax.train.state import SUM_KEYS, TrainState
 
 
 def batch_sums(logits, targets, mask, label_smoothing: float) -> dict:
@@ -52,8 +41,7 @@ def _microbatches(batch: dict, k: int) -> dict:
 
 
 def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
-                    family: str, label_smoothing: float = 0.0,
-                    grad_accum_steps: int = 1) -> Callable:
+                    label_smoothing: float = 0.0, grad_accum_steps: int = 1) -> Callable:
     """The pure step for ``model`` (built with ``deterministic=False`` for dropout).
 
     ``schedule`` only reports the learning rate; ``tx`` must already contain it.
@@ -63,7 +51,7 @@ def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Sch
     def grad_sums(params, batch, rng):
         def loss_fn(p):
             logits = model.apply(p, batch, rngs={"dropout": rng})
-            targets, mask = targets_and_mask(batch, family)
+            targets, mask = model.targets_and_mask(batch)
             sums = batch_sums(logits, targets, mask, label_smoothing)
             return sums["loss_sum"], sums
         grads, sums = jax.grad(loss_fn, has_aux=True)(params)
@@ -130,11 +118,11 @@ def jit_train_step(train_step: Callable) -> Callable:
     return jax.jit(train_step, donate_argnums=0)
 
 
-def make_eval_step(model, *, family: str) -> Callable:
+def make_eval_step(model) -> Callable:
     """Jitted ``eval_step(params, batch) -> sums`` (teacher forcing, no dropout, no smoothing)."""
     def eval_step(params, batch):
         logits = model.apply(params, batch)
-        targets, mask = targets_and_mask(batch, family)
+        targets, mask = model.targets_and_mask(batch)
         return batch_sums(logits, targets, mask, 0.0)
     return jax.jit(eval_step)
 

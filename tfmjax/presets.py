@@ -1,10 +1,10 @@
-"""Named model presets (full-size from the source documents, and tiny twins for tests)."""
+"""Named model presets as plain data: ``model.preset = "gpt2-small"`` in a config.
+
+Full-size models from the papers, and tiny twins for tests. Each entry holds
+:class:`tfmjax.config.ModelConfig` fields; :func:`tfmjax.config.get_preset` builds the config.
+This module imports nothing, so the config module can read it.
+"""
 from __future__ import annotations
-
-import dataclasses
-import difflib
-
-from tfmjax.config import ConfigError, ModelConfig
 
 _VASWANI = dict(family="encoder_decoder", vocab_size=37000, max_len=512, position="sinusoidal",
                 norm="layernorm", norm_position="post", activation="relu", use_bias=True,
@@ -18,12 +18,12 @@ _BERT = dict(family="encoder_only", position="learned", norm="layernorm", norm_p
 _TINY = dict(vocab_size=32, d_model=64, num_heads=4, d_ff=256, num_layers=2, max_len=128)
 
 PRESETS: dict[str, dict] = {
-    # seed 002, "Practical Hyperparameters": the original Transformer and Transformer-Big.
+    # Vaswani et al. 2017, Table 3: the original Transformer base and big.
     "vaswani-base": dict(_VASWANI, d_model=512, num_heads=8, d_ff=2048, num_layers=6,
                          dropout_rate=0.1),
     "vaswani-big": dict(_VASWANI, d_model=1024, num_heads=16, d_ff=4096, num_layers=6,
                         dropout_rate=0.3),
-    # seed 001: 12 layers, 12 heads, width 768, context 1024, vocabulary 50257.
+    # GPT-2 small (Radford et al. 2019): 12 layers, 12 heads, width 768, context 1024, vocab 50257.
     "gpt2-small": dict(_GPT2, vocab_size=50257, d_model=768, num_heads=12, d_ff=3072,
                        num_layers=12, max_len=1024),
     # RoPE, RMSNorm, SwiGLU, GQA (4 query heads per key/value head), untied output.
@@ -36,17 +36,3 @@ PRESETS: dict[str, dict] = {
     "tiny-llama": dict(_LLAMA, **dict(_TINY, d_ff=192), num_kv_heads=2),
     "tiny-bert": dict(_BERT, **_TINY),
 }
-
-
-def get_preset(name: str) -> ModelConfig:
-    """The :class:`ModelConfig` of a preset name."""
-    if name not in PRESETS:
-        close = difflib.get_close_matches(name, PRESETS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"model.preset={name!r} is unknown{hint}; presets: {', '.join(PRESETS)}")
-    return ModelConfig(**PRESETS[name])
-
-
-def preset(name: str, **overrides) -> ModelConfig:
-    """A preset with some fields replaced, e.g. ``preset("tiny-gpt2", position="alibi")``."""
-    return dataclasses.replace(get_preset(name), **overrides)

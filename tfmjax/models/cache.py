@@ -1,4 +1,7 @@
-"""The decoding KV cache: a plain pytree the generation loop carries (seed 000 §4.7).
+"""The decoding KV cache: a plain pytree the generation loop carries.
+
+A model family builds it (``model.init_cache``) and updates it (``model.prefill``,
+``model.decode_step``); :mod:`tfmjax.decode` carries it through the loop and beam search.
 
 Layout (``L`` decoder layers, ``B`` rows, ``S`` slots, ``K`` key/value heads, ``H`` head width):
 
@@ -28,22 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfmjax.config import ModelConfig
-from tfmjax.layers.attention import init_cache as init_layer_cache
-from tfmjax.models.common import DTYPES
-
 
 def kv_cache_bytes(batch: int, num_layers: int, num_kv_heads: int, max_len: int, head_dim: int,
                    dtype=jnp.float32) -> int:
-    """Seed 000 §4.7: ``2 · B · L · K · S · H · bytes_per_element`` (keys and values)."""
+    """``2 · B · L · K · S · H · bytes_per_element``: keys and values of ``L`` layers."""
     return 2 * batch * num_layers * num_kv_heads * max_len * head_dim * np.dtype(dtype).itemsize
-
-
-def config_kv_cache_bytes(config: ModelConfig, batch: int, max_len: int) -> int:
-    """:func:`kv_cache_bytes` for a model config's decoder self-attention."""
-    layers = config.num_layers if config.family == "decoder_only" else config.decoder_layers
-    return kv_cache_bytes(batch, layers, config.kv_heads, max_len, config.head_width,
-                          DTYPES[config.dtype])
 
 
 def _self_attention(layer: dict) -> dict:
@@ -87,7 +79,7 @@ class KVCache:
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of the self-attention keys and values (the §4.7 formula's quantity)."""
+        """Bytes of the self-attention keys and values (what :func:`kv_cache_bytes` counts)."""
         return int(sum(sa["k"].nbytes + sa["v"].nbytes for sa in self.self_attention))
 
     @property
@@ -111,16 +103,3 @@ class KVCache:
         return KVCache(layers=tuple(_map_rows(layer, rep, True) for layer in self.layers),
                        lengths=rep(self.lengths), encoded=rep(self.encoded),
                        encoded_segment_ids=rep(self.encoded_segment_ids))
-
-
-def init_cache(config: ModelConfig, batch: int, max_len: int) -> KVCache:
-    """An empty cache with ``max_len`` slots per row for ``config``'s decoder."""
-    if config.family not in ("decoder_only", "encoder_decoder"):
-        raise ValueError(f"model.family={config.family!r} cannot generate; "
-                         "use a decoder_only or encoder_decoder model")
-    decoder_only = config.family == "decoder_only"
-    num_layers = config.num_layers if decoder_only else config.decoder_layers
-    dtype = DTYPES[config.dtype]
-    one = lambda: init_layer_cache(batch, max_len, config.kv_heads, config.head_width, dtype)
-    layers = tuple(one() if decoder_only else {"self": one()} for _ in range(num_layers))
-    return KVCache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32))

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from tfmjax.train import losses as L
+from tfmjax import losses as L
 
 # B=2, T=3, V=4, written out by hand.
 LOGITS = np.array(

@@ -1,7 +1,8 @@
-"""Prompt checking and layout, on the host, before anything is traced.
+"""Generation prompts on the host, before anything is traced: checking and layout.
 
-Users give prompts right-padded with 0 (``[B,P]`` int array) or as a list of id lists.
-Decoder-only prompts are turned into a **left-padded** batch behind BOS::
+Users give prompts right-padded with 0 (``[B,P]`` int array) or as a list of id lists
+(:func:`as_right_padded`). Decoder-only prompts are turned into a **left-padded** batch behind
+BOS of width ``P' = longest prompt + 1`` (:func:`left_pad_decoder_prompts`)::
 
     row "5 6 7", width 5:   ids [0, BOS, 5, 6, 7]   segment_ids [0, 1, 1, 1, 1]
     row "5",     width 5:   ids [0, 0, 0, BOS, 5]   positions   [0, 0, 0, 0, 1]
@@ -14,18 +15,16 @@ them: padding never changes another row's result.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
-
-from tfmjax.config import ModelConfig
 
 
 class DecoderPrompt(NamedTuple):
     """A left-padded decoder-only prompt batch (int32 numpy arrays)."""
-    ids: np.ndarray            # [B,W] BOS + prompt, left-padded with 0
-    positions: np.ndarray      # [B,W] 0 at BOS (and at padding)
-    segment_ids: np.ndarray    # [B,W] 1 = real token, 0 = padding
+    ids: np.ndarray            # [B,P'] BOS + prompt, left-padded with 0
+    positions: np.ndarray      # [B,P'] 0 at BOS (and at padding)
+    segment_ids: np.ndarray    # [B,P'] 1 = real token, 0 = padding
     lengths: np.ndarray        # [B]   prompt tokens per row (without BOS)
 
 
@@ -68,42 +67,16 @@ def prompt_lengths(arr: np.ndarray) -> np.ndarray:
 
 
 def left_pad_decoder_prompts(arr: np.ndarray, bos_id: int) -> DecoderPrompt:
-    """Right-padded prompts ``[B,P]`` -> :class:`DecoderPrompt` of width ``max_len + 1``."""
+    """Right-padded prompts ``[B,P]`` -> :class:`DecoderPrompt` of width ``P' = max length + 1``."""
     lengths = prompt_lengths(arr)
-    B, W = arr.shape[0], int(lengths.max()) + 1
-    ids = np.zeros((B, W), np.int32)
-    positions = np.zeros((B, W), np.int32)
-    segment_ids = np.zeros((B, W), np.int32)
+    B, width = arr.shape[0], int(lengths.max()) + 1
+    ids = np.zeros((B, width), np.int32)
+    positions = np.zeros((B, width), np.int32)
+    segment_ids = np.zeros((B, width), np.int32)
     for i, n in enumerate(lengths):
-        start = W - 1 - n
+        start = width - 1 - n
         ids[i, start] = bos_id
         ids[i, start + 1:] = arr[i, :n]
         positions[i, start:] = np.arange(n + 1)
         segment_ids[i, start:] = 1
     return DecoderPrompt(ids, positions, segment_ids, lengths)
-
-
-def check_max_new_tokens(max_new_tokens) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
-            or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: must be an int >= 1")
-
-
-def check_lengths(config: ModelConfig, lengths: Sequence[int] | np.ndarray,
-                  max_new_tokens: int) -> None:
-    """Learned positions have ``max_len`` entries: refuse sequences that would run past them."""
-    if config.position != "learned":
-        return
-    longest = int(np.max(lengths))
-    if config.family == "decoder_only":
-        if longest + max_new_tokens > config.max_len:
-            raise ValueError(f"prompt length {longest} + max_new_tokens {max_new_tokens} = "
-                             f"{longest + max_new_tokens} exceeds model.max_len={config.max_len} "
-                             "(learned positions)")
-        return
-    if longest > config.max_len:
-        raise ValueError(f"encoder input length {longest} exceeds model.max_len="
-                         f"{config.max_len} (learned positions)")
-    if max_new_tokens > config.max_len:
-        raise ValueError(f"max_new_tokens {max_new_tokens} exceeds model.max_len="
-                         f"{config.max_len} (learned positions)")

@@ -1,0 +1,128 @@
+"""The model-family interface: everything the rest of tfmjax asks of a model family.
+
+A family (encoder-decoder, decoder-only, encoder-only, and any added later) is a Linen
+module that also subclasses :class:`Family`. Code outside ``tfmjax/models/`` holds a model
+built by :func:`tfmjax.models.build` and calls the methods below; it never compares family
+names, and reads the config only as ``model.config``. Adding a family means writing one
+module here (and, if it trains on a new batch layout, that layout in ``tfmjax/data/``).
+
+Class attributes
+  ``family``          the ``model.family`` string
+  ``batch_format``    the :mod:`tfmjax.data.batching` layout it trains on, or None
+  ``token_keys``      batch keys holding token ids (checked on the host)
+  ``can_generate``    whether the generation methods exist
+  ``prompt_name``     what its generation prompts are called in error messages
+
+Training (the batch dict of ``batch_format``)
+  ``dummy_batch(batch, length)``       all-ones int32 batch for ``init`` / ``eval_shape``
+  ``check_batch(batch)``               host: one-line :class:`InputError` on bad keys/ids/lengths
+  ``targets_and_mask(batch)``          traced: ids the logits predict and the loss weight ``[B,T]``
+
+Evaluation on a task (host, NumPy)
+  ``eval_prompts(batch)``              ``[B,P]`` right-padded prompts that generation continues
+  ``eval_answers(batch, M)``           ``([B,M] reference ids, [B,M] positions that must match)``
+  ``source_and_target(batch, i)``      row ``i`` as ``(source ids, target ids)``
+  ``prompt_for_source(ids)``           the prompt this family was trained to continue
+
+Generation with a KV cache (``M`` new tokens; :mod:`tfmjax.decode` drives these)
+  ``check_generation(lengths, M)``     host: prompts of these lengths fit the positions
+  ``prompt_arrays(prompts)``           host: right-padded ``[B,P]`` -> the arrays ``prefill`` takes
+  ``init_cache(batch, capacity)``      an empty :class:`~tfmjax.models.cache.KVCache`
+  ``kv_cache_bytes(batch, capacity)``  bytes of its keys and values
+  ``layer_stacks()``                   ``{params collection: layers}`` of the layer stacks
+  ``unrolled(params)``                 ``(model, params)`` with the layers unrolled (decoding)
+  ``prefill(params, arrays, M)``       ``(logits [B,V] of the first new token, cache)``
+  ``decode_step(params, cache, ids)``  feed ``ids [B]``: ``(next logits [B,V], cache)``
+  ``split_prompts(prompts)``           ``(decoder prefix [B,P'], context or None)`` (uncached twin)
+  ``sequence_logits(params, tokens, segment_ids, context)``  uncached ``[B,T,V]`` for that twin
+
+Subclasses define these with ``@nn.nowrap``: they are plain Python around ``apply``, not
+parts of the Linen computation.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax.numpy as jnp
+import numpy as np
+
+from tfmjax.config import ModelConfig
+from tfmjax.layers.stack import unstack_params
+from tfmjax.models.cache import kv_cache_bytes
+from tfmjax.models.checks import InputError, check_length, check_tokens
+from tfmjax.models.common import DTYPES
+
+
+class Family:
+    """Mixin of every model family; see the module docstring for the contract."""
+    family: ClassVar[str]
+    batch_format: ClassVar[str | None] = None
+    token_keys: ClassVar[tuple[str, ...]] = ("tokens",)
+    can_generate: ClassVar[bool] = False
+    prompt_name: ClassVar[str] = "prompts"
+    config: ModelConfig
+
+    # -- training ----------------------------------------------------------------------
+
+    def dummy_batch(self, batch: int = 2, length: int = 8) -> dict:
+        """An all-ones int32 batch of this family's keys, ``[batch, length]`` each."""
+        ones = jnp.ones((batch, length), jnp.int32)
+        return {key: ones for key in self.token_keys}
+
+    def check_batch(self, batch: dict) -> None:
+        """Check every token array of a batch on the host: keys, rank, ids, lengths."""
+        for key in self.token_keys:
+            if key not in batch:
+                raise InputError(f"a {self.family} batch needs key {key!r}; got keys {sorted(batch)}")
+            ids = np.asarray(batch[key])
+            if ids.ndim != 2:
+                raise InputError(f"{key} must be [batch, length], got shape {ids.shape}")
+            check_tokens(ids, self.config.vocab_size, key)
+            check_length(ids.shape[1], self.config, key)
+
+    def targets_and_mask(self, batch: dict):
+        raise self._cannot("be trained on a task batch")
+
+    # -- evaluation and generation -------------------------------------------------------
+
+    def eval_prompts(self, batch: dict) -> np.ndarray:
+        raise self._cannot("generate")
+
+    def eval_answers(self, batch: dict, max_new_tokens: int):
+        raise self._cannot("generate")
+
+    def source_and_target(self, batch: dict, i: int):
+        raise self._cannot("be evaluated on a task")
+
+    def prompt_for_source(self, source_ids: list[int]) -> list[int]:
+        raise self._cannot("generate")
+
+    def layer_stacks(self) -> dict[str, int]:
+        """``{params collection name: number of layers}`` of the model's layer stacks."""
+        raise NotImplementedError
+
+    def kv_cache_bytes(self, batch: int, capacity: int) -> int:
+        """``2 · B · L · K · S · H · bytes`` of the decoder self-attention cache."""
+        cfg = self.config
+        return kv_cache_bytes(batch, self.layer_stacks()["decoder"], cfg.kv_heads, capacity,
+                              cfg.head_width, DTYPES[cfg.dtype])
+
+    def unrolled(self, params):
+        """``(model, params)`` with ``scan_layers=False``: the same function, layers unrolled.
+
+        Scanned stacks ``{"layers": [L, ...]}`` become ``{"layer_0": ..., ...}``; a model that
+        is already unrolled is returned as it is. Dropout is off in the result.
+        """
+        if not self.config.scan_layers:
+            return self, params
+        stacks = self.layer_stacks()
+        inner = {name: unstack_params(sub, stacks[name]) if name in stacks and "layers" in sub
+                 else sub for name, sub in params["params"].items()}
+        model = type(self)(dataclasses.replace(self.config, scan_layers=False),
+                           deterministic=True)
+        return model, dict(params, params=inner)
+
+    def _cannot(self, what: str) -> Exception:
+        return NotImplementedError(f"a {self.family} model cannot {what}; "
+                                   "use a decoder_only or encoder_decoder model")
