@@ -34,6 +34,10 @@ BAD = [
     ({"optim": {"learning_rate": -1e-3}}, "optim.learning_rate=-0.001 is invalid: must be > 0"),
     ({"optim": {"b2": 1.0}}, r"optim.b2=1.0 is invalid: must be in \[0, 1\)"),
     ({"train": {"steps": 0}}, "train.steps=0 is invalid: must be > 0"),
+    ({"train": {"best_metric": "accuracy"}},
+     "train.best_metric='accuracy' is invalid: must be one of exact_match, token_accuracy"),
+    ({"data": {"batch_size": 10}, "optim": {"grad_accum_steps": 4}},
+     "data.batch_size=10 is invalid: must be divisible by optim.grad_accum_steps=4"),
     ({"data": {"batch_size": True}}, "data.batch_size=True is invalid: must be int"),
     ({"trian": {"steps": 3}}, r"unknown section \[trian\] \(did you mean 'train'\?\)"),
 ]

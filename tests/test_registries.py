@@ -1,0 +1,76 @@
+"""Each enumeration has one source (tfmjax.config); the registries that implement it agree."""
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tfmjax import config as C
+from tfmjax import kernels, models
+from tfmjax.data import make_task
+from tfmjax.evaluator import Evaluator
+from tfmjax.models.common import DTYPES
+from tfmjax.train import schedules
+from tfmjax.train.state import SUM_KEYS, WINDOW_KEYS, empty_window
+from tfmjax.train.step import batch_sums
+
+ROOT = Path(__file__).resolve().parents[1] / "tfmjax"
+
+
+def test_families_are_the_configs_families():
+    assert tuple(models.FAMILIES) == C.FAMILIES
+    for name, cls in models.FAMILIES.items():
+        assert cls.family == name
+        model = models.build(C.ModelConfig(family=name))
+        assert set(model.dummy_batch()) == set(cls.token_keys)
+
+
+def test_attention_impls_are_the_configs_impls():
+    assert tuple(kernels.IMPLS) == C.ATTENTION_IMPLS
+
+
+def test_every_configured_schedule_is_built():
+    assert schedules.SCHEDULE_NAMES == C.SCHEDULES
+    for name in C.SCHEDULES:
+        fn = schedules.make_schedule(name, peak_lr=1.0, warmup_steps=2, total_steps=10,
+                                     d_model=16)
+        assert np.isfinite(float(fn(5)))
+
+
+def test_dtypes_are_the_configs_dtypes():
+    assert tuple(DTYPES) == C.DTYPES
+    assert all(DTYPES[name] == jnp.dtype(name) for name in C.DTYPES)
+
+
+def test_window_sums_are_the_step_sums():
+    logits = jnp.zeros((1, 3, 5))
+    sums = batch_sums(logits, jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3)), 0.0)
+    assert tuple(sums) == SUM_KEYS
+    assert set(SUM_KEYS) < set(WINDOW_KEYS) == set(empty_window())
+
+
+def test_best_metric_choices_are_evaluator_metrics():
+    cfg = C.ModelConfig(family="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+                        num_layers=1)
+    evaluator = Evaluator(cfg, make_task("copy", num_symbols=5, max_len=4), batch_size=4,
+                          num_examples=4)
+    params = evaluator.model.init(jax.random.key(0), evaluator.batches[0])
+    metrics, _ = evaluator(params)
+    assert set(C.EVAL_METRICS) <= set(metrics)
+    assert set(C.LOWER_IS_BETTER) <= set(C.EVAL_METRICS)
+
+
+def test_no_family_names_compared_outside_models_and_config():
+    """Code outside models/ asks the model (tfmjax.models.family), never its family name."""
+    pattern = re.compile(r"family\s*(==|!=|\bin\b|\bnot in\b)|(==|!=)\s*['\"](encoder_decoder|"
+                         r"decoder_only|encoder_only)['\"]")
+    offenders = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("models/") or rel == "config.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"tfmjax/{rel}:{number}: {line.strip()}")
+    assert not offenders, "family names compared outside models/:\n" + "\n".join(offenders)
