@@ -76,12 +76,12 @@ class ModelConfig:
     vocab_size: int = 32
     d_model: int = 64
     num_heads: int = 4
-    num_kv_heads: int | None = None          # None: = num_heads (MHA); 1: MQA; else GQA
-    head_dim: int | None = None              # None: d_model // num_heads
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
     d_ff: int = 256
-    num_layers: int = 2                      # encoder layers (and decoder layers by default)
-    num_decoder_layers: int | None = None    # encoder-decoder only; None: = num_layers
-    max_len: int = 256                       # longest sequence the model accepts
+    num_layers: int = 2
+    num_decoder_layers: int | None = None
+    max_len: int = 256
     position: str = "sinusoidal"
     rope_base: float = 10000.0
     relative_buckets: int = 32
@@ -92,13 +92,13 @@ class ModelConfig:
     activation: str = "relu"
     use_bias: bool = True
     tie_embeddings: bool = True
-    scale_embeddings: bool = False           # multiply token embeddings by sqrt(d_model)
-    dropout_rate: float = 0.0                # residual dropout: embeddings and every sublayer output
-    window: int | None = None                # sliding-window attention (past positions seen)
+    scale_embeddings: bool = False
+    dropout_rate: float = 0.0
+    window: int | None = None
     attention_impl: str = "auto"
     scan_layers: bool = True
     remat: bool = False
-    dtype: str = "float32"                   # compute dtype; parameters stay float32
+    dtype: str = "float32"
     bos_id: int = 1
 
     def __post_init__(self):
@@ -152,11 +152,11 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     """Optimiser and learning-rate schedule."""
-    learning_rate: float = 1e-3              # peak (for inverse_sqrt: a multiplier, 1.0 = paper)
+    learning_rate: float = 1e-3
     schedule: str = "cosine"
     warmup_steps: int = 100
     end_learning_rate: float = 0.0
-    decay_fraction: float = 0.1              # wsd: share of steps spent decaying
+    decay_fraction: float = 0.1
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.98
@@ -196,7 +196,7 @@ class TrainConfig:
     """The training run: length, seed, where it writes and how often."""
     steps: int = 1000
     seed: int = 0
-    workdir: str = ""                        # "": runs/<experiment name>
+    workdir: str = ""
     log_every: int = 50
     eval_every: int = 250
     checkpoint_every: int = 250
@@ -210,6 +210,65 @@ class TrainConfig:
                   "keep_checkpoints")
         _require(self.seed >= 0, "train.seed", self.seed, "must be >= 0")
         _one_of("train.best_metric", self.best_metric, EVAL_METRICS)
+
+
+# One line of help per config key: ``python -m tfmjax.explain`` prints them with the types
+# and defaults (a test checks that every field has one).
+FIELD_HELP = {
+    "model.family": "encoder_decoder, decoder_only or encoder_only",
+    "model.vocab_size": "token ids are 0 .. vocab_size-1 (0 = PAD, 1 = BOS)",
+    "model.d_model": "width D of the residual stream",
+    "model.num_heads": "query heads N",
+    "model.num_kv_heads": "key/value heads K: none = num_heads (MHA), 1 = MQA, else GQA",
+    "model.head_dim": "head width H; none = d_model // num_heads",
+    "model.d_ff": "feed-forward width F",
+    "model.num_layers": "encoder layers (and decoder layers unless num_decoder_layers is set)",
+    "model.num_decoder_layers": "encoder_decoder only; none = num_layers",
+    "model.max_len": "longest sequence the model accepts (size of a learned position table)",
+    "model.position": "sinusoidal, learned, rope, alibi, relative (T5 buckets) or none",
+    "model.rope_base": "RoPE frequency base",
+    "model.relative_buckets": "T5 relative position buckets",
+    "model.relative_max_distance": "T5 distance beyond which buckets are shared",
+    "model.norm": "layernorm or rmsnorm",
+    "model.norm_position": "pre (norm inside each residual branch) or post (after the sum)",
+    "model.norm_eps": "epsilon of the norms",
+    "model.activation": "feed-forward activation: relu, gelu, swiglu or geglu",
+    "model.use_bias": "biases in the dense layers",
+    "model.tie_embeddings": "the output projection reuses the token embedding",
+    "model.scale_embeddings": "multiply token embeddings by sqrt(d_model)",
+    "model.dropout_rate": "residual dropout: embeddings and every sublayer output",
+    "model.window": "sliding-window attention: past positions a query sees; none = all",
+    "model.attention_impl": "auto, reference, xla, blockwise or pallas",
+    "model.scan_layers": "scan the layer stack (one compiled layer) instead of unrolling it",
+    "model.remat": "recompute activations in the backward pass to save memory",
+    "model.dtype": "compute dtype (float32 or bfloat16); parameters stay float32",
+    "model.bos_id": "the id decoders are fed first",
+    "optim.learning_rate": "peak learning rate (inverse_sqrt: a multiplier, 1.0 = the paper)",
+    "optim.schedule": "inverse_sqrt, cosine, linear, constant or wsd, all with linear warmup",
+    "optim.warmup_steps": "steps of linear warmup from 0",
+    "optim.end_learning_rate": "where cosine, linear and wsd end",
+    "optim.decay_fraction": "wsd: share of the steps spent decaying",
+    "optim.weight_decay": "AdamW decoupled weight decay (not on norms, biases, embeddings)",
+    "optim.b1": "Adam beta1",
+    "optim.b2": "Adam beta2",
+    "optim.eps": "Adam epsilon",
+    "optim.clip_norm": "global gradient-norm clipping; none = off",
+    "optim.grad_accum_steps": "micro-batches per step (data.batch_size must divide by it)",
+    "optim.label_smoothing": "label smoothing of the training loss",
+    "data.task": "toy task name (python -m tfmjax.explain lists them)",
+    "data.task_params": "the task's parameters, e.g. {max_len = 8}",
+    "data.batch_size": "examples per training step",
+    "data.eval_examples": "examples in each evaluation",
+    "train.steps": "optimizer updates in the whole run",
+    "train.seed": "initialisation, dropout and the training batches",
+    "train.workdir": "where checkpoints and logs go; empty = runs/<config name>",
+    "train.log_every": "steps between metric records",
+    "train.eval_every": "steps between evaluations",
+    "train.checkpoint_every": "steps between checkpoints",
+    "train.keep_checkpoints": "newest checkpoints kept (the best one is kept too)",
+    "train.best_metric": "eval metric that picks the best checkpoint",
+    "train.tensorboard": "also write TensorBoard event files",
+}
 
 
 SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "data": DataConfig, "train": TrainConfig}
@@ -317,14 +376,24 @@ def apply_overrides(raw: dict, overrides) -> dict:
 
 
 def load(path: str | Path, overrides=()) -> Experiment:
-    """Read a TOML experiment (never executed) and apply ``section.key=value`` overrides."""
+    """Read a TOML experiment (never executed) and apply ``section.key=value`` overrides.
+
+    An override ``model.preset=NAME`` starts the model section afresh from that preset: the
+    file's own ``[model]`` keys are dropped, and only model keys given on the command line
+    too apply on top (so ``model.preset=gpt2-small`` gives GPT-2 small itself).
+    """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config {str(path)!r} is a directory; pass a TOML file such as "
+                          "configs/reverse.toml")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist; see configs/ for examples")
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    if any(item.partition("=")[0].strip() == "model.preset" for item in overrides):
+        raw["model"] = {}
     return from_dict(apply_overrides(raw, overrides), name=path.stem)
 
 

@@ -5,6 +5,7 @@ no memory.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 from tfmjax.config import ConfigError, load
@@ -14,12 +15,15 @@ __all__ = ["count_params", "main", "param_shapes", "summarize"]
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print("usage: python -m tfmjax.summary CONFIG.toml [section.key=value ...]", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(
+        prog="python -m tfmjax.summary", description=__doc__.splitlines()[0],
+        epilog="A model.preset=NAME override starts the model from that preset (the file's "
+               "other [model] keys are dropped); python -m tfmjax.explain lists presets.")
+    parser.add_argument("config", help="experiment TOML, e.g. configs/reverse.toml")
+    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. model.d_model=128")
+    args = parser.parse_args(argv)
     try:
-        experiment = load(argv[0], argv[1:])
+        experiment = load(args.config, args.overrides)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

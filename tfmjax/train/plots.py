@@ -5,6 +5,7 @@ loop does the same at its end).
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -58,12 +59,12 @@ def plot_metrics(workdir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m tfmjax.train.plots WORKDIR", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog="python -m tfmjax.train.plots",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", help="a training workdir holding metrics.jsonl")
+    args = parser.parse_args(argv)
     try:
-        print(plot_metrics(argv[0]))
+        print(plot_metrics(args.workdir))
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
