@@ -3,10 +3,29 @@
 ``attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window,
 alibi_slopes, bias, q_offset, scale, impl)`` with ``q [B,T,N,H]`` and
 ``k, v [B,S,K,H]`` (K divides N) returns ``[B,T,N,H]``. Every ``impl`` has the
-semantics of ``impl="reference"``; :func:`choose_impl` says what ``"auto"`` picks.
+semantics of ``impl="reference"``; :func:`choose_impl` says what ``"auto"`` picks on one
+platform.
+
+How the platform is chosen: not from ``jax.default_backend()`` at trace time but when the
+computation is lowered, through ``jax.lax.platform_dependent`` (branches ``cpu``, ``cuda``,
+``rocm``, ``tpu``; forward and backward alike), so ``jit(...).lower(lowering_platforms=
+("cuda",))`` or ``jax.export`` for ``("tpu",)`` from a CPU host builds that platform's code:
+
+* ``impl="pallas"``: the kernel flavour -- Triton on cuda/rocm, Mosaic on tpu, the
+  interpreter on cpu (see :mod:`tfmjax.kernels.pallas_attention`).
+* ``impl="auto"``: :func:`choose_impl` for each platform; when they differ (no bias:
+  pallas on cuda/rocm/tpu, xla or blockwise on cpu by length) each platform's choice is a
+  branch, pallas branches with their flavour fixed. When all platforms agree (a dense
+  ``bias``: xla everywhere) there is no dispatch.
+* ``"reference"``, ``"xla"``, ``"blockwise"`` are the same code on every platform.
+
+Under ``jit`` every branch is traced (only the lowered platform's is kept); an eager call
+evaluates the platform and runs the default backend's branch alone. One platform per
+lowering: a joint ``lowering_platforms=("cpu", "cuda")`` fails for pallas (see there).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 
@@ -22,6 +41,12 @@ _MODULES = {
     "pallas": "tfmjax.kernels.pallas_attention",
 }
 
+# The platforms a computation can be lowered for (``jax.lax.platform_dependent`` names), and
+# the Pallas kernel flavour built for each: Triton on cuda and rocm, Mosaic on tpu, the
+# interpreter on cpu. No other platform has a Pallas backend.
+PALLAS_FLAVOUR = {"cpu": "cpu", "cuda": "cuda", "rocm": "cuda", "tpu": "tpu"}
+LOWERING_PLATFORMS = tuple(PALLAS_FLAVOUR)
+
 # Length from which "auto" prefers the blockwise path on CPU: both T and S must reach it.
 # Measured on a 2-core CPU (N=8, H=64, causal fp32, xla vs blockwise, interleaved medians;
 # bench/attention.py for long T). Speed of blockwise relative to xla: B=1: 1.4-1.6x at
@@ -33,7 +58,9 @@ BLOCKWISE_MIN_LEN_CPU = 512
 
 def choose_impl(impl: str, *, q_len: int, kv_len: int, has_bias: bool = False,
                 backend: str | None = None) -> str:
-    """The concrete implementation that ``impl`` resolves to for these shapes."""
+    """The concrete implementation that ``impl`` resolves to for these shapes on ``backend``
+    (a platform name; None: the default backend, i.e. what an eager call runs).
+    :func:`attention` asks this for every platform in :data:`LOWERING_PLATFORMS`."""
     if impl not in IMPLS:
         raise ValueError(f"attention impl={impl!r} is not one of {IMPLS}")
     if impl != "auto":
@@ -93,17 +120,41 @@ def attention(q, k, v, *, causal: bool = False, q_segment_ids=None, kv_segment_i
     (0 = padding). ``window``: how many past (and, if not causal, future) positions a query
     sees. ``alibi_slopes [N]``: adds ``-slope * |p - s|``. ``bias [B|1,N|1,T,S]``: added to
     the scores. ``scale`` defaults to ``1/sqrt(H)``. Rows that see nothing return zeros.
+
+    ``impl="pallas"`` and ``impl="auto"`` are resolved per platform when the computation is
+    lowered (see the module docstring), not from the default backend at trace time.
     """
     _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window)
-    name = choose_impl(impl, q_len=q.shape[1], kv_len=k.shape[1], has_bias=bias is not None)
+    kw = dict(causal=causal, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+              window=window, alibi_slopes=alibi_slopes, bias=bias, q_offset=q_offset,
+              scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    lengths = dict(q_len=q.shape[1], kv_len=k.shape[1], has_bias=bias is not None)
+    if impl == "auto":
+        per_platform = {p: choose_impl(impl, **lengths, backend=p) for p in LOWERING_PLATFORMS}
+        if len(set(per_platform.values())) > 1:
+            return _platform_dependent(per_platform, q, k, v, kw)
+    name = choose_impl(impl, **lengths)
     if bias is not None and name in ("blockwise", "pallas"):
         raise ValueError(f"impl={name!r} takes structured masks only; a dense bias needs "
                          "impl='xla' or 'reference'")
-    fn = importlib.import_module(_MODULES[name]).attention
-    return fn(q, k, v, causal=causal, q_segment_ids=q_segment_ids,
-              kv_segment_ids=kv_segment_ids, window=window, alibi_slopes=alibi_slopes,
-              bias=bias, q_offset=q_offset,
-              scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    # "pallas" with no platform: the kernel module dispatches at lowering time itself.
+    return importlib.import_module(_MODULES[name]).attention(q, k, v, **kw)
 
 
-__all__ = ["attention", "choose_impl", "IMPLS", "BLOCKWISE_MIN_LEN_CPU"]
+def _platform_dependent(per_platform: dict[str, str], q, k, v, kw):
+    """``lax.platform_dependent`` over the implementations ``per_platform`` names (``bias`` is
+    None here). Pallas branches get a fixed ``platform=``, so only the lowered platform's
+    kernel is built into the branch that stays; one callable per distinct choice."""
+    branches, fns = {}, {}
+    for platform, name in per_platform.items():
+        key = (name, PALLAS_FLAVOUR[platform] if name == "pallas" else None)
+        if key not in fns:
+            extra = {"platform": key[1]} if name == "pallas" else {}
+            fns[key] = functools.partial(importlib.import_module(_MODULES[name]).attention,
+                                         **kw, **extra)
+        branches[platform] = fns[key]
+    return jax.lax.platform_dependent(q, k, v, **branches)
+
+
+__all__ = ["attention", "choose_impl", "IMPLS", "BLOCKWISE_MIN_LEN_CPU", "LOWERING_PLATFORMS",
+           "PALLAS_FLAVOUR"]

@@ -11,12 +11,31 @@ and a dQ kernel (one program per batch, query head, query block, looping over ke
 blocks). ``delta = rowsum(dO * O)`` is a plain XLA reduction. No atomics, no T x S
 buffers; dK/dV of a group are summed in-kernel, so nothing is repeated per query head.
 
-Backends (``platform`` argument; default: the default JAX backend):
-  * ``"cuda"`` / ``"gpu"``: **Triton** (``jax.experimental.pallas.triton``), the portable
-    GPU lowering of jax 0.10 (any CUDA GPU; Mosaic GPU, jax's other GPU backend, is
-    Hopper/Blackwell-only and needs a different, warp-group kernel style).
+Backends (kernel flavours):
+  * ``"cuda"`` / ``"gpu"`` / ``"rocm"``: **Triton** (``jax.experimental.pallas.triton``), the
+    portable GPU lowering of jax 0.10 (any CUDA GPU; Mosaic GPU, jax's other GPU backend, is
+    Hopper/Blackwell-only and needs a different, warp-group kernel style). Custom-call
+    target ``__gpu$xla.gpu.triton`` (not on ``jax.export``'s stable list: export with
+    ``jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")``).
   * ``"tpu"``: **Mosaic TPU** (``jax.experimental.pallas.tpu``), the only TPU backend.
-  * ``"cpu"``: the same kernels with ``interpret=True`` (slow, for tests).
+    Custom-call target ``tpu_custom_call`` (on the stable list).
+  * ``"cpu"``: the same kernels with ``interpret=True`` (slow, for tests): plain HLO, each
+    grid a ``while`` loop named after its kernel (``tfmjax_flash_fwd/while``...).
+
+How the flavour is chosen: with ``platform=None`` (the default, and what
+``tfmjax.kernels.attention(impl="pallas")`` and models pass) it is chosen when the
+computation is **lowered**, not from the default backend at trace time: :func:`attention`
+wraps the flavours in ``jax.lax.platform_dependent(q, k, v, cpu=..., cuda=..., rocm=...,
+tpu=...)`` (forward and backward alike: each branch holds its own ``custom_vjp``), and
+lowering for one platform keeps that platform's branch only. So
+``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`` or ``jax.export`` for
+``("tpu",)`` from a CPU host carries Triton or Mosaic kernels and no interpreter. Under
+``jit`` every flavour is traced (about 0.1 s each per new shape; traced kernels are cached
+per shape and options); an eager call evaluates the platform index and traces the default
+backend's flavour only. An explicit ``platform=`` builds that flavour alone (no dispatch;
+lowering it for another platform fails). A joint multi-platform lowering (e.g.
+``lowering_platforms=("cpu", "cuda")``) is not supported: jax lowers every ``pallas_call``
+of the module for each of its platforms, and each flavour's call lowers for its own only.
 
 Features: causal masks and sliding windows skip whole blocks (the loop runs only over
 the needed key blocks, and only blocks on the edge of the visible band build a mask);
@@ -35,7 +54,10 @@ sequences want jax's grid-over-KV TPU pipeline, ``ops/tpu/flash_attention.py``).
 shapes follow TPU tiling (multiples of 8 x 128 or full dims) and Triton's powers of two.
 A traced ``q_offset`` (decoding) is supported but disables block skipping. ALiBi slopes,
 segment ids and ``q_offset`` get no gradient. Lowering for both platforms is tested on
-CPU; compiling and running on a GPU/TPU has not been (no device here).
+CPU (CI has no device). Triton was run once by hand on an H100 (jax 0.11.2): with
+``jax_default_matmul_precision="highest"`` fp32 outputs and gradients were within 1e-5 of
+the reference (default precision: TF32 dots, ~1e-3), and a model exported for ``("cuda",)``
+on a CPU host ran there. Mosaic TPU has not been compiled or run (no TPU).
 """
 from __future__ import annotations
 
@@ -47,7 +69,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tfmjax.kernels import masks
+from tfmjax.kernels import PALLAS_FLAVOUR, masks
 from tfmjax.kernels.blockwise import (MASK_VALUE, ROW_MAX_INIT, block_mask, block_range, distance_bounds,
                                       loop_over_ranges)
 
@@ -417,6 +439,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def _platform(platform: str | None) -> str:
+    """The kernel flavour of a platform name: ``"cpu"`` (interpret), ``"cuda"`` (Triton, also
+    for ``"gpu"``/``"rocm"``) or ``"tpu"`` (Mosaic); None: the default backend's."""
     platform = (platform or jax.default_backend()).lower()
     if platform in _GPU:
         return "cuda"
@@ -433,29 +457,79 @@ def _static_offset(q_offset):
         return None
 
 
+def _triton_blocks_ok(blocks: BlockSizes) -> bool:
+    return min(dataclasses.astuple(blocks)) >= 16
+
+
+def _check_triton_blocks(blocks: BlockSizes):
+    if not _triton_blocks_ok(blocks):
+        raise ValueError(f"pallas attention on GPU (Triton) needs blocks >= 16, got {blocks}")
+
+
 def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_slopes,
               bias, q_offset, scale, block_sizes: BlockSizes | None = None,
               platform: str | None = None):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` with the Pallas kernels.
 
-    ``platform`` picks the lowering: None = the default backend (``"cpu"`` runs the
-    kernels in interpret mode); pass ``"cuda"`` or ``"tpu"`` to build the kernels for
-    that platform, e.g. to lower them from a CPU-only machine with
-    ``jax.jit(f).trace(...).lower(lowering_platforms=(platform,))``.
+    ``platform`` picks the kernels. None (default): chosen when the computation is lowered,
+    with ``lax.platform_dependent`` -- Triton for ``cuda``/``rocm``, Mosaic for ``tpu``, the
+    interpreter for ``cpu`` -- so ``jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))``
+    or ``jax.export`` for one platform from any host keeps only that platform's kernels
+    (under ``jit`` every flavour is traced, only the lowered one is kept; an eager call runs
+    the default backend's alone). ``"cpu"``, ``"cuda"``/``"gpu"``/``"rocm"`` or ``"tpu"``:
+    build that flavour only, with no dispatch (lowering it for another platform fails).
+
+    ``block_sizes`` (default: :meth:`BlockSizes.for_platform` of each flavour) applies to every
+    flavour; blocks under 16, which Triton cannot take, leave ``platform=None`` without a GPU
+    flavour (lowering for ``cuda``/``rocm`` then fails; on a GPU host this raises at once).
     """
     if bias is not None:
         raise ValueError("impl='pallas' takes structured masks only; a dense bias needs "
                          "impl='xla' or 'reference'")
+    kw = dict(causal=causal, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+              window=window, alibi_slopes=alibi_slopes, q_offset=q_offset, scale=scale,
+              block_sizes=block_sizes)
+    if platform is not None:
+        return _attention(_platform(platform), q, k, v, **kw)
+    flavours = {}                    # one callable per flavour: cuda and rocm share a branch
+    for name in dict.fromkeys(PALLAS_FLAVOUR.values()):
+        blocks = block_sizes or BlockSizes.for_platform(name)
+        if name == "cuda" and not _triton_blocks_ok(blocks):
+            if jax.default_backend() in _GPU:
+                _check_triton_blocks(blocks)
+            continue
+        flavours[name] = functools.partial(_attention, name, **kw)
+    branches = {p: flavours[name] for p, name in PALLAS_FLAVOUR.items() if name in flavours}
+    # q, k, v go through as operands; the rest is closed over (a Python q_offset stays
+    # static, so block skipping survives).
+    return lax.platform_dependent(q, k, v, **branches)
+
+
+def _attention(platform: str, q, k, v, *, causal, q_segment_ids, kv_segment_ids, window,
+               alibi_slopes, q_offset, scale, block_sizes: BlockSizes | None):
+    """The kernels of one flavour (``platform``: ``"cpu"``, ``"cuda"`` or ``"tpu"``)."""
+    blocks = block_sizes or BlockSizes.for_platform(platform)
+    if platform == "cuda":
+        _check_triton_blocks(blocks)
+    static_offset = _static_offset(q_offset)
+    return _kernels(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes,
+                    q_offset if static_offset is None else None, platform=platform,
+                    causal=bool(causal), window=None if window is None else int(window),
+                    scale=float(scale), blocks=blocks, static_offset=static_offset)
+
+
+# A jit of its own so that tracing the kernels is cached: a call with the same shapes and
+# options (the layers of an unrolled model, a re-traced step) reuses the traced kernels.
+@functools.partial(jax.jit, static_argnames=("platform", "causal", "window", "scale", "blocks",
+                                             "static_offset"))
+def _kernels(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, q_offset, *, platform,
+             causal, window, scale, blocks, static_offset):
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
-    platform = _platform(platform)
-    blocks = block_sizes or BlockSizes.for_platform(platform)
-    if platform == "cuda" and min(dataclasses.astuple(blocks)) < 16:
-        raise ValueError(f"pallas attention on GPU (Triton) needs blocks >= 16, got {blocks}")
-    st = _Static(causal=bool(causal), window=None if window is None else int(window),
-                 scale=float(scale), q_len=T, kv_len=S, static_offset=_static_offset(q_offset),
-                 has_seg=q_segment_ids is not None, has_alibi=alibi_slopes is not None,
-                 groups=N // K, blocks=blocks, platform=platform)
+    st = _Static(causal=causal, window=window, scale=scale, q_len=T, kv_len=S,
+                 static_offset=static_offset, has_seg=q_segment_ids is not None,
+                 has_alibi=alibi_slopes is not None, groups=N // K, blocks=blocks,
+                 platform=platform)
     Tp, Sp = st.padded_lens
     Hp = max(_pow2(H), 16 if platform == "cuda" else 1)
 
@@ -470,6 +544,7 @@ def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_s
     slopes = None
     if alibi_slopes is not None:
         slopes = alibi_slopes.astype(jnp.float32).reshape(N, 1, 1)
-    offset = jnp.asarray(q_offset, jnp.int32).reshape(1, 1)
+    offset = jnp.asarray(static_offset if q_offset is None else q_offset,
+                         jnp.int32).reshape(1, 1)
     out = _flash(st, pad(q, Tp), pad(k, Sp), pad(v, Sp), offset, q_seg, kv_seg, slopes)
     return out.transpose(0, 2, 1, 3)[:, :T, :, :H]
