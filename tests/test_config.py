@@ -2,6 +2,7 @@
 import dataclasses
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -125,6 +126,24 @@ def test_bad_batches_are_one_line(batch, message):
         build(MODEL).check_batch(batch)
 
 
-def test_good_batch_passes_and_long_inputs_pass_without_learned_positions():
+def test_good_batch_passes_and_max_len_holds_for_every_position_encoding():
     build(MODEL).check_batch({"tokens": jnp.array([[0, 9, 3]])})
-    build(dataclasses.replace(MODEL, position="rope")).check_batch({"tokens": np.ones((1, 50), np.int32)})
+    for position in ("sinusoidal", "rope", "alibi", "relative", "none"):
+        model = build(dataclasses.replace(MODEL, position=position))
+        model.check_batch({"tokens": np.ones((1, 8), np.int32)})
+        with pytest.raises(InputError, match="length 9 but the model takes at most model.max_len=8"):
+            model.check_batch({"tokens": np.ones((1, 9), np.int32)})
+
+
+@pytest.mark.parametrize("family", ["decoder_only", "encoder_decoder", "encoder_only"])
+def test_eager_apply_refuses_token_ids_outside_the_vocabulary(family):
+    """JAX clamps out-of-range gathers; an eager apply with concrete ids checks them first."""
+    model = build(C.ModelConfig(family=family, vocab_size=10, d_model=8, num_heads=2, d_ff=8,
+                                num_layers=1))
+    batch = model.dummy_batch(1, 4)
+    params = model.init(jax.random.key(0), batch)
+    key = model.token_keys[-1]
+    bad = dict(batch, **{key: batch[key].at[0, 2].set(10)})
+    with pytest.raises(InputError, match=rf"{key} has token id 10 at index \[0, 2\] outside"):
+        model.apply(params, bad)
+    jax.jit(model.apply)(params, bad)      # under jit the host-side check_batch is the check

@@ -14,18 +14,37 @@ from collections.abc import Sequence
 import jax
 
 from tfmjax.config import ModelConfig
-from tfmjax.data.vocab import Vocab
+from tfmjax.data.vocab import RESERVED_TOKENS, Vocab
 from tfmjax.decode import generate
 from tfmjax.decode.options import add_decode_arguments, strategy_from_args
 from tfmjax.models import build
 
 
 def prompt_ids(model, vocab: Vocab, text: str) -> list[int]:
-    """The ids the model's family was trained to continue (e.g. ``source SEP``)."""
+    """The ids the model's family was trained to continue (e.g. ``source SEP``).
+
+    Refuses (ValueError, one line) an empty input and special tokens such as ``<eos>``,
+    which the model never saw inside a source.
+    """
     if vocab.size > model.config.vocab_size:
         raise ValueError(f"the task vocabulary has {vocab.size} ids but model.vocab_size="
                          f"{model.config.vocab_size}")
-    return model.prompt_for_source(vocab.encode(text))
+    if not text.strip():
+        raise ValueError("--input is empty: give space-separated task symbols, e.g. \"c a b\"")
+    ids = vocab.encode(text)
+    special = [RESERVED_TOKENS[i] for i in ids if i < len(RESERVED_TOKENS)]
+    if special:
+        raise ValueError(f"--input {text!r} holds the special token {special[0]}: inputs are "
+                         "task symbols only (the end markers are added for you)")
+    return model.prompt_for_source(ids)
+
+
+def check_trained_length(task, texts: list[str]) -> list[str]:
+    """Warnings (one line each) for inputs longer than any the model was trained on."""
+    longest = task.max_source_len("train")
+    return [f"warning: --input {t!r} has {len(t.split())} symbols but the model was trained on "
+            f"at most {longest} (task {task.name}); its answer is unlikely to be right"
+            for t in texts if len(t.split()) > longest]
 
 
 def generate_from_text(model_config: ModelConfig, params, vocab: Vocab, text, strategy,
@@ -64,6 +83,9 @@ def load(workdir: str):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        print(f"error: --max-new-tokens={args.max_new_tokens} must be >= 1", file=sys.stderr)
+        return 2
     from tfmjax.data import make_task
     from tfmjax.train.checkpoint import CheckpointError
     try:
@@ -71,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         experiment, params = load(args.workdir)
         task = make_task(experiment.data.task, **experiment.data.task_params)
         max_new = args.max_new_tokens or task.max_target_len("eval") + 1
+        for line in check_trained_length(task, args.input):
+            print(line, file=sys.stderr)
         answers = generate_from_text(experiment.model, params, task.vocab, args.input, strategy,
                                      max_new, rng=args.seed)
     except (ValueError, CheckpointError) as err:

@@ -7,6 +7,7 @@ token array of a family's batch (:class:`tfmjax.models.family.Family`).
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from tfmjax.config import ModelConfig
@@ -29,11 +30,18 @@ def check_tokens(ids, vocab_size: int, name: str = "tokens") -> None:
 
 
 def check_length(length: int, config: ModelConfig, name: str = "tokens") -> None:
-    """Raise :class:`InputError` if a sequence is longer than a learned position table.
+    """Raise :class:`InputError` if a sequence is longer than ``model.max_len``.
 
-    Other position types (sinusoidal, RoPE, ALiBi, relative, none) extrapolate, so any
-    length is accepted; learned positions would silently clamp past ``max_len``.
+    Enforced for every position encoding: a learned table would clamp silently past it, and
+    the others were never trained there either.
     """
-    if config.position == "learned" and length > config.max_len:
+    if length > config.max_len:
         raise InputError(f"{name} has length {length} but the model takes at most "
                          f"model.max_len={config.max_len}; shorten the input or raise model.max_len")
+
+
+def check_concrete_tokens(ids, vocab_size: int, name: str) -> None:
+    """:func:`check_tokens` when ``ids`` holds values (an eager call); skipped under a trace,
+    where the host-side ``model.check_batch`` is the check."""
+    if not isinstance(ids, jax.core.Tracer):
+        check_tokens(ids, vocab_size, name)

@@ -23,7 +23,7 @@ from tfmjax.layers.attention import init_cache as init_layer_cache
 from tfmjax.layers.blocks import BlockInputs, SelfAttentionBlock
 from tfmjax.layers.stack import layer_cache
 from tfmjax.models.cache import KVCache
-from tfmjax.models.checks import check_length
+from tfmjax.models.checks import check_concrete_tokens, check_length
 from tfmjax.models.common import (DTYPES, Embedder, OutputHead, PositionExtras, make_stack,
                                   padding_segments, positions_from_segments, segment_positions,
                                   shift_right)
@@ -51,6 +51,7 @@ class DecoderOnly(Family, nn.Module):
     def __call__(self, batch):
         tokens = batch["tokens"]
         check_length(tokens.shape[1], self.config)
+        check_concrete_tokens(tokens, self.config.vocab_size, "tokens")
         segment_ids = batch.get("segment_ids", padding_segments(tokens))
         positions = batch.get("positions", segment_positions(segment_ids))
         inputs = shift_right(tokens, segment_ids, self.config.bos_id)
@@ -113,12 +114,11 @@ class DecoderOnly(Family, nn.Module):
 
     @nn.nowrap
     def check_generation(self, lengths, max_new_tokens: int) -> None:
-        """Learned positions have ``max_len`` entries: prompt + new tokens must fit."""
+        """Prompt + new tokens must fit in ``model.max_len`` positions."""
         longest, limit = int(np.max(lengths)), self.config.max_len
-        if self.config.position == "learned" and longest + max_new_tokens > limit:
+        if longest + max_new_tokens > limit:
             raise ValueError(f"prompt length {longest} + max_new_tokens {max_new_tokens} = "
-                             f"{longest + max_new_tokens} exceeds model.max_len={limit} "
-                             "(learned positions)")
+                             f"{longest + max_new_tokens} exceeds model.max_len={limit}")
 
     @nn.nowrap
     def prompt_arrays(self, prompts: np.ndarray) -> tuple:

@@ -23,7 +23,7 @@ from tfmjax.layers.blocks import BlockInputs, DecoderBlock, EncoderBlock
 from tfmjax.layers.norms import make_norm
 from tfmjax.layers.stack import layer_cache
 from tfmjax.models.cache import KVCache
-from tfmjax.models.checks import check_length
+from tfmjax.models.checks import check_concrete_tokens, check_length
 from tfmjax.models.common import (DTYPES, Embedder, OutputHead, PositionExtras, make_stack,
                                   padding_segments, positions_from_segments, segment_positions,
                                   shift_right)
@@ -55,8 +55,9 @@ class EncoderDecoder(Family, nn.Module):
 
     def __call__(self, batch):
         inputs, targets = batch["inputs"], batch["targets"]
-        check_length(inputs.shape[1], self.config, "inputs")
-        check_length(targets.shape[1], self.config, "targets")
+        for name, ids in (("inputs", inputs), ("targets", targets)):
+            check_length(ids.shape[1], self.config, name)
+            check_concrete_tokens(ids, self.config.vocab_size, name)
         encoded = self.encode(inputs)
         segment_ids = padding_segments(targets)
         decoder_in = shift_right(targets, segment_ids, self.config.bos_id)
@@ -126,16 +127,12 @@ class EncoderDecoder(Family, nn.Module):
 
     @nn.nowrap
     def check_generation(self, lengths, max_new_tokens: int) -> None:
-        """Learned positions have ``max_len`` entries: inputs and outputs must each fit."""
-        if self.config.position != "learned":
-            return
+        """Inputs and outputs must each fit in ``model.max_len`` positions."""
         longest, limit = int(np.max(lengths)), self.config.max_len
         if longest > limit:
-            raise ValueError(f"encoder input length {longest} exceeds model.max_len={limit} "
-                             "(learned positions)")
+            raise ValueError(f"encoder input length {longest} exceeds model.max_len={limit}")
         if max_new_tokens > limit:
-            raise ValueError(f"max_new_tokens {max_new_tokens} exceeds model.max_len={limit} "
-                             "(learned positions)")
+            raise ValueError(f"max_new_tokens {max_new_tokens} exceeds model.max_len={limit}")
 
     @nn.nowrap
     def prompt_arrays(self, prompts: np.ndarray) -> tuple:

@@ -9,7 +9,7 @@ import flax.linen as nn
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockInputs, EncoderBlock
-from tfmjax.models.checks import check_length
+from tfmjax.models.checks import check_concrete_tokens, check_length
 from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
                                   padding_segments, segment_positions)
 from tfmjax.models.family import Family
@@ -34,6 +34,7 @@ class EncoderOnly(Family, nn.Module):
     def __call__(self, batch):
         tokens = batch["tokens"]
         check_length(tokens.shape[1], self.config)
+        check_concrete_tokens(tokens, self.config.vocab_size, "tokens")
         segment_ids = batch.get("segment_ids", padding_segments(tokens))
         positions = batch.get("positions", segment_positions(segment_ids))
         slopes, bias = self.extras(tokens.shape[1], tokens.shape[1])
