@@ -14,7 +14,7 @@ forward+backward = 3.5 x forward (FlashAttention-2: the backward is 5 matmuls, o
 forwards). Memory: XLA's temp buffers of the compiled executable
 (``compiled.memory_analysis().temp_size_in_bytes``), inputs and outputs excluded.
 
-Implementations: ``reference`` (seed pseudo-algorithm 2.5), ``jax.nn`` (
+Implementations: ``reference`` (materialised softmax(QK^T/sqrt(H) + mask) V), ``jax.nn`` (
 ``jax.nn.dot_product_attention``, XLA), ``xla`` and ``blockwise`` from tfmjax.kernels, and
 ``pallas`` in interpret mode (an emulation of the GPU/TPU kernel, far too slow on CPU
 beyond T=512; shown for scale only). ``blockwise-full`` is blockwise without the causal

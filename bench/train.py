@@ -6,7 +6,7 @@ Two shapes, each one jitted ``train_step`` (AdamW, clipping, dropout off, fp32):
   nanogpt-cpu   decoder-only, 4 layers, 4 heads, width 128, FFN 512, context 64, batch 12,
                 vocabulary 65 (nanoGPT's shakespeare_char CPU settings)
   vaswani-base  encoder-decoder 6+6 layers, width 512, 8 heads, FFN 2048, vocabulary 37000,
-                source/target length 32/32, batch 8 (seed 002's base hyper-parameters)
+                source/target length 32/32, batch 8 (Vaswani et al. 2017 base hyper-parameters)
 
 Model FLOPs per step (PaLM appendix B convention, no rematerialisation counted):
   6 * sum over matmul weights W of |W| * (tokens that pass through W)

@@ -1,4 +1,4 @@
-"""The attention entry point: reference == seed algorithm 2.5, xla == reference (values, grads)."""
+"""The attention entry point: reference == softmax(QK^T/sqrt(H) + mask) V per head, xla == reference (values, grads)."""
 import itertools
 
 import jax
@@ -11,7 +11,7 @@ from tfmjax.kernels.masks import alibi_slopes
 
 
 def numpy_attention(q, k, v, mask, scale):
-    """Seed 000 pseudo-algorithm 2.5 per head, loop for loop: q [T,N,H], k/v [S,K,H]."""
+    """Scaled dot-product attention (Vaswani et al. 2017) per head, loop for loop: q [T,N,H], k/v [S,K,H]."""
     T, N, H = q.shape
     group = N // k.shape[1]
     out = np.zeros((T, N, H))

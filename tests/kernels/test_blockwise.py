@@ -1,4 +1,4 @@
-"""impl="blockwise" against the reference (seed pseudo-algorithm 2.5): values and gradients.
+"""impl="blockwise" against the reference (materialised softmax(QK^T/sqrt(H) + mask) V): values and gradients.
 
 Tolerances: float32 inputs, 2e-5 (outputs) and 1e-4 (gradients) max abs error, the
 gap between two float32 summation orders at these sizes; bfloat16 inputs, 2e-2 on

@@ -1,4 +1,4 @@
-"""The attention module against seed 000 pseudo-algorithm 2.5 with explicit per-head weights."""
+"""The attention module against per-head scaled dot-product attention (Vaswani et al. 2017) with explicit per-head weights."""
 import jax
 import jax.numpy as jnp
 import numpy as np

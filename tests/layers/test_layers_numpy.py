@@ -1,4 +1,4 @@
-"""Every layer against a small NumPy implementation of the source documents' formulas."""
+"""Every layer against a small NumPy implementation of the papers' formulas."""
 import math
 
 import jax
@@ -15,7 +15,7 @@ RNG = np.random.default_rng(0)
 
 
 def test_layernorm_matches_seed_formula():
-    # seed 000 §3.3.1: gamma * (x - mu) / sqrt(sigma^2 + eps) + beta
+    # LayerNorm (Ba et al. 2016): gamma * (x - mu) / sqrt(sigma^2 + eps) + beta
     x = RNG.normal(size=(2, 3, 8)).astype(np.float32) * 3 + 1
     gamma = RNG.normal(size=8).astype(np.float32)
     beta = RNG.normal(size=8).astype(np.float32)
@@ -35,7 +35,7 @@ def test_rmsnorm_matches_formula():
 
 
 def numpy_sinusoidal(n, d):
-    # seed 000 pseudo-algorithm 5.7, "sinusoidal" case, loop for loop.
+    # Sinusoidal encoding (Vaswani et al. 2017, section 3.5), loop for loop.
     pe = np.zeros((n, d))
     for pos in range(n):
         for i in range(d // 2):
@@ -50,7 +50,7 @@ def test_sinusoidal_matches_algorithm_5_7():
 
 
 def test_sinusoidal_shift_is_a_fixed_linear_map():
-    # seed 000 §5.3: PE(pos + k) = M_k PE(pos), M_k block-diagonal 2x2 rotations by k*w_i,
+    # Vaswani et al. 2017: PE(pos + k) = M_k PE(pos), M_k block-diagonal 2x2 rotations by k*w_i,
     # the same matrix for every position.
     d, k = 16, 7
     omega = 1 / 10000 ** (2 * np.arange(d // 2) / d)
@@ -65,7 +65,7 @@ def test_sinusoidal_shift_is_a_fixed_linear_map():
 
 
 def numpy_rope(x, positions, base=10000.0):
-    # seed 000 pseudo-algorithm 5.7, "RoPE" case, with d = head width.
+    # RoPE (Su et al. 2021), pairs (2i, 2i+1), with d = head width.
     out = np.array(x, np.float64)
     d = x.shape[-1]
     for pos_index, pos in enumerate(positions):
@@ -86,7 +86,7 @@ def test_rope_matches_algorithm_5_7():
 
 
 def test_rope_dot_product_depends_only_on_offset():
-    # seed 000 §5.5: (R_m q)^T (R_n k) = q^T R_{n-m} k.
+    # RoPE (Su et al. 2021): (R_m q)^T (R_n k) = q^T R_{n-m} k.
     q = jnp.asarray(RNG.normal(size=(1, 1, 1, 16)), jnp.float32)
     k = jnp.asarray(RNG.normal(size=(1, 1, 1, 16)), jnp.float32)
     score = lambda m, n: float(jnp.sum(apply_rope(q, jnp.array([[m]])) * apply_rope(k, jnp.array([[n]]))))
@@ -96,7 +96,7 @@ def test_rope_dot_product_depends_only_on_offset():
 
 
 def test_alibi_slopes_and_bias():
-    # seed 000 §5.6: m_h = 2^(-8h/H), bias = -m |i - j|.
+    # ALiBi (Press et al. 2022): m_h = 2^(-8h/H), bias = -m |i - j|.
     slopes = np.asarray(alibi_slopes(8))
     np.testing.assert_allclose(slopes, [2 ** (-8 * h / 8) for h in range(1, 9)], rtol=1e-6)
     np.testing.assert_allclose(slopes[:3], [0.5, 0.25, 0.125])

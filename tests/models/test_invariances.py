@@ -67,7 +67,7 @@ def test_padding_never_changes_real_outputs(family, position):
 
 @pytest.mark.parametrize("family", ["encoder_only", "encoder_decoder"])
 def test_self_attention_without_positions_is_permutation_equivariant(family):
-    # seed 000 §5.1: Attention(P X) = P Attention(X) when nothing encodes position.
+    # Attention is permutation-equivariant: Attention(P X) = P Attention(X) when nothing encodes position.
     cfg = _cfg(family, position="none")
     tokens = _tokens((2, 7))
     perm = np.random.default_rng(0).permutation(7)

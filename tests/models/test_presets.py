@@ -6,7 +6,7 @@ from tfmjax.summary import count_params
 
 
 def mha(D, N, K, H, bias):
-    # seed 000 §2.4: W_Q, W_O are D x NH; W_K, W_V are D x KH (= 4 D^2 for MHA with NH = D).
+    # Multi-head attention: W_Q, W_O are D x NH; W_K, W_V are D x KH (= 4 D^2 for MHA with NH = D).
     return 2 * D * N * H + 2 * D * K * H + (N * H + 2 * K * H + D if bias else 0)
 
 
@@ -46,7 +46,7 @@ def test_parameter_count_matches_closed_form(name):
 
 def test_known_sizes():
     # Reference points: GPT-2 small has 124,439,808 parameters (tied, learned positions);
-    # MHA is exactly 4 d^2 without biases (seed 000 §2.4).
+    # MHA is exactly 4 d^2 without biases (Vaswani et al. 2017).
     assert count_params(get_preset("gpt2-small")) == 124_439_808
     assert mha(512, 8, 8, 64, bias=False) == 4 * 512 ** 2
     assert 60e6 < count_params(get_preset("vaswani-base")) < 66e6       # "65M" in the paper

@@ -1,4 +1,4 @@
-"""Decoding strategies (seed 001 §12): small frozen dataclasses, hashable so ``jax.jit`` can
+"""Decoding strategies (Holtzman et al. 2020 for top-p): small frozen dataclasses, hashable so ``jax.jit`` can
 take them as static arguments (one compile per strategy value).
 
 Sampling strategies pick one token per row from ``logits [B,V]`` with ``sample(logits, rng)``:

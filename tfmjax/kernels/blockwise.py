@@ -1,9 +1,9 @@
-"""Blockwise attention in pure JAX: seed 000 §6.5 / pseudo-algorithm 6.8 (FlashAttention).
+"""Blockwise attention in pure JAX: online softmax over key blocks (FlashAttention, Dao et al. 2022).
 
 Queries are cut into blocks of ``block_q`` rows and keys into blocks of ``block_k``
 columns. For each query block a loop over key blocks keeps the running row maximum
 ``m``, the running denominator ``l`` and the unnormalised output ``O`` (the online
-softmax recurrence of §6.5), so no ``T x S`` array ever exists. The result is exact.
+softmax recurrence), so no ``T x S`` array ever exists. The result is exact.
 
 * **Block skipping.** Causal masks and sliding windows bound the distance
   ``d = p - s`` between a query position ``p`` and a key position ``s``;

@@ -40,7 +40,7 @@ def dense_mask(T, S, *, causal, window=None, q_segment_ids=None, kv_segment_ids=
 
 
 def alibi_slopes(num_heads: int):
-    """ALiBi slopes ``m_h = 2^(-8h/N)`` for h = 1..N (seed 000 §5.6). Shape ``[N]``."""
+    """ALiBi slopes ``m_h = 2^(-8h/N)`` for h = 1..N (Press et al. 2022). Shape ``[N]``."""
     h = jnp.arange(1, num_heads + 1, dtype=jnp.float32)
     return 2.0 ** (-8.0 * h / num_heads)
 

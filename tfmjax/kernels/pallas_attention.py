@@ -1,6 +1,9 @@
 """FlashAttention in Pallas: forward, dK/dV and dQ kernels behind ``jax.custom_vjp``.
 
-Seed 000 §6.5 / pseudo-algorithm 6.8: one program per (batch, query head, query
+This module holds the block sizes, the block specs, the ``custom_vjp`` wiring and the
+platform dispatch; the kernel bodies are in :mod:`tfmjax.kernels.pallas_kernels`.
+
+FlashAttention (Dao et al. 2022, 2023): one program per (batch, query head, query
 block) keeps the running max ``m``, denominator ``l`` and unnormalised output in
 float32 while it loops over the key blocks that block can see; it writes ``O`` and
 the log-sum-exp ``lse = m + log l``. The backward recomputes ``P = exp(S - lse)``
@@ -69,11 +72,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tfmjax.kernels import PALLAS_FLAVOUR, masks
-from tfmjax.kernels.blockwise import (MASK_VALUE, ROW_MAX_INIT, block_mask, block_range, distance_bounds,
-                                      loop_over_ranges)
+from tfmjax.kernels import PALLAS_FLAVOUR
+from tfmjax.kernels.pallas_kernels import (GPU_PLATFORMS, KernelStatic, dkv_kernel, dq_kernel,
+                                           fwd_kernel, pow2)
 
-_GPU = ("cuda", "gpu", "rocm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,225 +112,7 @@ class BlockSizes:
         return cls()
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    """Everything static about a call (the custom_vjp's nondiff argument)."""
-    causal: bool
-    window: int | None
-    scale: float
-    q_len: int
-    kv_len: int
-    static_offset: int | None    # None: q_offset is traced, no block skipping
-    has_seg: bool
-    has_alibi: bool
-    groups: int                  # G = N / K
-    blocks: BlockSizes
-    platform: str                # "cpu" (interpret), "cuda", "tpu"
-
-    def geometry(self, block_q: int, block_k: int):
-        """``bq, bk`` clipped to the lengths; ``nq, nk``: blocks holding real rows."""
-        bq = min(block_q, max(_pow2(self.q_len), 8))
-        bk = min(block_k, max(_pow2(self.kv_len), 8))
-        return bq, bk, -(-self.q_len // bq), -(-self.kv_len // bk)
-
-    @property
-    def padded_lens(self):
-        """Padded ``T``, ``S``: multiples of every block size used by the three kernels."""
-        b = self.blocks
-        bq = max(self.geometry(x, 8)[0] for x in (b.block_q, b.block_q_dkv, b.block_q_dq))
-        bk = max(self.geometry(8, x)[1] for x in (b.block_k, b.block_k_dkv, b.block_k_dq))
-        return -(-self.q_len // bq) * bq, -(-self.kv_len // bk) * bk
-
-    def call(self, kernel, **kw):
-        """``pl.pallas_call`` with this platform's compiler parameters."""
-        if self.platform == "cpu":
-            return pl.pallas_call(kernel, interpret=True, **kw)
-        if self.platform in _GPU:
-            from jax.experimental.pallas import triton as plgpu
-            params = plgpu.CompilerParams(num_warps=4, num_stages=2)
-        else:
-            from jax.experimental.pallas import tpu as pltpu
-            params = pltpu.CompilerParams(dimension_semantics=("parallel",) * 3)
-        return pl.pallas_call(kernel, compiler_params=params, **kw)
-
-
-# ----------------------------------------------------------------------------------------
-# Pieces shared by the three kernels.
-
-class _Block:
-    """Scores of one (query block, key block) pair with ALiBi and masks, as ``s [bq,bk]``
-    (``q_pos`` a column, ``kv_pos`` a row) or, ``transposed``, as ``s^T [bk,bq]`` (the
-    dK/dV kernel's orientation, where every matmul is then in its natural layout)."""
-
-    def __init__(self, st: _Static, offset, slope, bq: int, bk: int, transposed=False):
-        self.st, self.offset, self.slope = st, offset, slope
-        self.bq, self.bk, self.transposed = bq, bk, transposed
-
-    def scores(self, q, k, q_start, k_start, q_seg, kv_seg, masked):
-        """``q [bq,H]``, ``k [bk,H]`` -> float32 scores, masked entries at MASK_VALUE (see
-        :mod:`tfmjax.kernels.blockwise`: no select is needed after the exp)."""
-        st, bq, bk = self.st, self.bq, self.bk
-        rows, cols = (k, q) if self.transposed else (q, k)
-        s = lax.dot_general(rows, cols, (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.float32) * st.scale
-        if self.transposed:      # q_pos a row [1,bq], kv_pos a column [bk,1]
-            q_pos = lax.broadcasted_iota(jnp.int32, (1, bq), 1)
-            kv_pos = lax.broadcasted_iota(jnp.int32, (bk, 1), 0)
-        else:                    # q_pos a column [bq,1], kv_pos a row [1,bk]
-            q_pos = lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
-            kv_pos = lax.broadcasted_iota(jnp.int32, (1, bk), 1)
-        q_pos = q_pos + (self.offset + q_start)
-        kv_pos = kv_pos + k_start
-        if self.slope is not None:       # -slope |p - s| is symmetric: rows x cols either way
-            row_pos, col_pos = (kv_pos, q_pos) if self.transposed else (q_pos, kv_pos)
-            alibi = masks.alibi_bias(self.slope.reshape(1), row_pos[:, 0], col_pos[0, :])
-            s = s + alibi.reshape(s.shape)
-        if not masked:
-            return s
-        mask = block_mask(q_pos, kv_pos, causal=st.causal, window=st.window, q_seg=q_seg,
-                          kv_seg=kv_seg, kv_len=st.kv_len if st.kv_len % bk else None)
-        return jnp.where(mask, s, MASK_VALUE)
-
-
-def _unpack(refs, st: _Static, names):
-    """Split a kernel's refs into the named fixed ones plus optional seg/slope refs."""
-    refs = list(refs)
-    out = {n: refs.pop(0) for n in names}
-    out["offset"] = refs.pop(0)
-    out["q_seg"], out["kv_seg"] = (refs.pop(0), refs.pop(0)) if st.has_seg else (None, None)
-    out["slope"] = refs.pop(0) if st.has_alibi else None
-    return out, refs           # what is left: the outputs
-
-
-def _key_ranges(st: _Static, q_start, bq: int, bk: int, nk: int):
-    """Key-block ranges ``lo, flo, fhi, hi`` for queries ``q_start .. q_start + bq - 1``."""
-    if st.static_offset is None:         # traced q_offset: visit every block, all masked
-        return 0, nk, nk, nk
-    p_lo = st.static_offset + q_start
-    return block_range(p_lo, p_lo + bq - 1, bk, nk, *distance_bounds(st.causal, st.window),
-                       num_full=st.kv_len // bk, full_ok=not st.has_seg)
-
-
-def _query_ranges(st: _Static, k_start, bq: int, bk: int, nq: int):
-    """Query-block ranges for keys ``k_start .. k_start + bk - 1`` (the dual of the above)."""
-    if st.static_offset is None:
-        return 0, nq, nq, nq
-    dmin, dmax = distance_bounds(st.causal, st.window)
-    a_lo = k_start - st.static_offset               # key positions in query-index units
-    lo, flo, fhi, hi = block_range(a_lo, a_lo + bk - 1, bq, nq,
-                                   None if dmax is None else -dmax,
-                                   None if dmin is None else -dmin,
-                                   num_full=nq, full_ok=not st.has_seg)
-    if st.kv_len % bk:                   # the last key block holds padding: mask it all
-        fhi = jnp.where(k_start + bk > st.kv_len, flo, fhi)
-    return lo, flo, fhi, hi
-
-
-# ----------------------------------------------------------------------------------------
-# Kernels.
-
-def _fwd_kernel(*refs, st: _Static, bq: int, bk: int, nk: int):
-    r, (o_ref, lse_ref) = _unpack(refs, st, ("q", "k", "v"))
-    q_start = pl.program_id(2) * bq
-    blk = _Block(st, r["offset"][...], None if r["slope"] is None else r["slope"][...], bq, bk)
-    q = r["q"][...]
-    q_seg = None if r["q_seg"] is None else r["q_seg"][...]
-
-    def body(j, carry, masked):
-        m, l, acc = carry
-        k_start = pl.multiple_of(j * bk, bk)
-        kv_seg = None if r["kv_seg"] is None else r["kv_seg"][:, pl.ds(k_start, bk)]
-        s = blk.scores(q, r["k"][pl.ds(k_start, bk), :], q_start, k_start, q_seg, kv_seg,
-                       masked)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-        p = jnp.exp(s - m_new)
-        alpha = jnp.exp(m - m_new)
-        v = r["v"][pl.ds(k_start, bk), :]
-        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                             preferred_element_type=jnp.float32)
-        return m_new, alpha * l + jnp.sum(p, axis=1, keepdims=True), alpha * acc + pv
-
-    init = (jnp.full((bq, 1), ROW_MAX_INIT, jnp.float32), jnp.zeros((bq, 1), jnp.float32),
-            jnp.zeros(q.shape, jnp.float32))
-    m, l, acc = loop_over_ranges(*_key_ranges(st, q_start, bq, bk, nk), body, init)
-    seen = l > 0
-    l_safe = jnp.where(seen, l, 1.0)
-    o_ref[...] = (acc / l_safe).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(seen, m + jnp.log(l_safe), jnp.inf)
-
-
-def _dq_kernel(*refs, st: _Static, bq: int, bk: int, nk: int):
-    r, (dq_ref,) = _unpack(refs, st, ("q", "k", "v", "do", "lse", "delta"))
-    q_start = pl.program_id(2) * bq
-    blk = _Block(st, r["offset"][...], None if r["slope"] is None else r["slope"][...], bq, bk)
-    q, do, lse, delta = r["q"][...], r["do"][...], r["lse"][...], r["delta"][...]
-    q_seg = None if r["q_seg"] is None else r["q_seg"][...]
-
-    def body(j, dq, masked):
-        k_start = pl.multiple_of(j * bk, bk)
-        kv_seg = None if r["kv_seg"] is None else r["kv_seg"][:, pl.ds(k_start, bk)]
-        k = r["k"][pl.ds(k_start, bk), :]
-        v = r["v"][pl.ds(k_start, bk), :]
-        p = jnp.exp(blk.scores(q, k, q_start, k_start, q_seg, kv_seg, masked) - lse)
-        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        ds = p * (dp - delta)
-        return dq + lax.dot_general(ds.astype(k.dtype), k, (((1,), (0,)), ((), ())),
-                                    preferred_element_type=jnp.float32)
-
-    dq = loop_over_ranges(*_key_ranges(st, q_start, bq, bk, nk), body,
-                          jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
-
-
-def _dkv_kernel(*refs, st: _Static, bq: int, bk: int, nq: int):
-    """dK, dV of one key block, in the transposed orientation: ``S^T = K Q^T [bk,bq]``,
-    ``dV += P^T dO``, ``dK += dS^T Q``. Row statistics come as rows ``lse, delta [1,bq]``,
-    segment ids as ``q_seg [1,Tp]`` and ``kv_seg [bk,1]``."""
-    r, (dk_ref, dv_ref) = _unpack(refs, st, ("q", "k", "v", "do", "lse", "delta"))
-    k_start = pl.program_id(2) * bk
-    k, v = r["k"][...], r["v"][...]
-    kv_seg = None if r["kv_seg"] is None else r["kv_seg"][...]
-    ranges = _query_ranges(st, k_start, bq, bk, nq)
-    nt = (((1,), (1,)), ((), ()))        # A B^T
-    nn = (((1,), (0,)), ((), ()))        # A B
-
-    def head(g, carry):
-        blk = _Block(st, r["offset"][...], None if r["slope"] is None else r["slope"][g],
-                     bq, bk, transposed=True)
-
-        def body(i, carry, masked):
-            dk, dv = carry
-            q_start = pl.multiple_of(i * bq, bq)
-            rows = pl.ds(q_start, bq)
-            q_seg = None if r["q_seg"] is None else r["q_seg"][:, rows]
-            q, do = r["q"][g, rows, :], r["do"][g, rows, :]
-            s_t = blk.scores(q, k, q_start, k_start, q_seg, kv_seg, masked)
-            p_t = jnp.exp(s_t - r["lse"][g, :, rows])
-            dv = dv + lax.dot_general(p_t.astype(do.dtype), do, nn,
-                                      preferred_element_type=jnp.float32)
-            dp_t = lax.dot_general(v, do, nt, preferred_element_type=jnp.float32)
-            ds_t = p_t * (dp_t - r["delta"][g, :, rows])
-            dk = dk + lax.dot_general(ds_t.astype(q.dtype), q, nn,
-                                      preferred_element_type=jnp.float32)
-            return dk, dv
-
-        return loop_over_ranges(*ranges, body, carry)
-
-    zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, st.groups, head, (zeros, zeros))
-    dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
-
-
-# ----------------------------------------------------------------------------------------
-# pallas_call wrappers. Layouts: q, o, dO [B,N,Tp,Hp]; k, v [B,K,Sp,Hp]; lse, delta
-# [B,N,Tp,1]; q_seg [B,Tp,1]; kv_seg [B,1,Sp]; slopes [N,1,1]; offset [1,1].
-
-def _extras_specs(st: _Static, q_seg_spec, kv_seg_spec, slope_spec):
+def _extras_specs(st: KernelStatic, q_seg_spec, kv_seg_spec, slope_spec):
     specs = [pl.BlockSpec((1, 1), lambda b, h, i: (0, 0))]
     if st.has_seg:
         specs += [q_seg_spec, kv_seg_spec]
@@ -342,7 +126,7 @@ def _extras(offset, q_seg, kv_seg, slopes):
         [slopes] if slopes is not None else [])
 
 
-def _query_block_specs(st: _Static, bq: int, Sp: int, Hp: int):
+def _query_block_specs(st: KernelStatic, bq: int, Sp: int, Hp: int):
     """Block specs of a grid over (batch b, query head h, query block i), as the forward
     and dQ kernels use: ``q``-shaped blocks, the whole K/V of head ``h // G``, per-row
     statistics, and the extras (offset, segment ids, ALiBi slope)."""
@@ -356,13 +140,13 @@ def _query_block_specs(st: _Static, bq: int, Sp: int, Hp: int):
     return q_spec, kv_spec, row_spec, extras
 
 
-def _forward(st: _Static, q, k, v, offset, q_seg, kv_seg, slopes):
+def _forward(st: KernelStatic, q, k, v, offset, q_seg, kv_seg, slopes):
     B, N, Tp, Hp = q.shape
     Sp = k.shape[2]
     bq, bk, _, nk = st.geometry(st.blocks.block_q, st.blocks.block_k)
     q_spec, kv_spec, row_spec, extras = _query_block_specs(st, bq, Sp, Hp)
     return st.call(
-        functools.partial(_fwd_kernel, st=st, bq=bq, bk=bk, nk=nk),
+        functools.partial(fwd_kernel, st=st, bq=bq, bk=bk, nk=nk),
         grid=(B, N, Tp // bq),
         in_specs=[q_spec, kv_spec, kv_spec] + extras,
         out_specs=[q_spec, row_spec],
@@ -372,7 +156,7 @@ def _forward(st: _Static, q, k, v, offset, q_seg, kv_seg, slopes):
     )(q, k, v, *_extras(offset, q_seg, kv_seg, slopes))
 
 
-def _backward(st: _Static, res, d_out):
+def _backward(st: KernelStatic, res, d_out):
     q, k, v, offset, q_seg, kv_seg, slopes, out, lse = res
     B, N, Tp, Hp = q.shape
     K, Sp, G = k.shape[1], k.shape[2], st.groups
@@ -385,7 +169,7 @@ def _backward(st: _Static, res, d_out):
     bq, bk, _, nk = st.geometry(st.blocks.block_q_dq, st.blocks.block_k_dq)
     q_spec, kv_spec, row_spec, extras = _query_block_specs(st, bq, Sp, Hp)
     dq = st.call(
-        functools.partial(_dq_kernel, st=st, bq=bq, bk=bk, nk=nk),
+        functools.partial(dq_kernel, st=st, bq=bq, bk=bk, nk=nk),
         grid=(B, N, Tp // bq),
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec] + extras,
         out_specs=q_spec,
@@ -408,7 +192,7 @@ def _backward(st: _Static, res, d_out):
     extra_args = _extras(offset, None if q_seg is None else rows_t(q_seg),
                          None if kv_seg is None else rows_t(kv_seg), slopes)
     dk, dv = st.call(
-        functools.partial(_dkv_kernel, st=st, bq=bq, bk=bk, nq=nq),
+        functools.partial(dkv_kernel, st=st, bq=bq, bk=bk, nq=nq),
         grid=(B, K, Sp // bk),
         in_specs=[group_spec, kv_spec, kv_spec, group_spec, group_rows, group_rows] + extras,
         out_specs=[kv_spec, kv_spec],
@@ -442,7 +226,7 @@ def _platform(platform: str | None) -> str:
     """The kernel flavour of a platform name: ``"cpu"`` (interpret), ``"cuda"`` (Triton, also
     for ``"gpu"``/``"rocm"``) or ``"tpu"`` (Mosaic); None: the default backend's."""
     platform = (platform or jax.default_backend()).lower()
-    if platform in _GPU:
+    if platform in GPU_PLATFORMS:
         return "cuda"
     if platform in ("cpu", "tpu"):
         return platform
@@ -495,7 +279,7 @@ def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_s
     for name in dict.fromkeys(PALLAS_FLAVOUR.values()):
         blocks = block_sizes or BlockSizes.for_platform(name)
         if name == "cuda" and not _triton_blocks_ok(blocks):
-            if jax.default_backend() in _GPU:
+            if jax.default_backend() in GPU_PLATFORMS:
                 _check_triton_blocks(blocks)
             continue
         flavours[name] = functools.partial(_attention, name, **kw)
@@ -526,12 +310,12 @@ def _kernels(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, q_offset, *, 
              causal, window, scale, blocks, static_offset):
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
-    st = _Static(causal=causal, window=window, scale=scale, q_len=T, kv_len=S,
+    st = KernelStatic(causal=causal, window=window, scale=scale, q_len=T, kv_len=S,
                  static_offset=static_offset, has_seg=q_segment_ids is not None,
                  has_alibi=alibi_slopes is not None, groups=N // K, blocks=blocks,
                  platform=platform)
     Tp, Sp = st.padded_lens
-    Hp = max(_pow2(H), 16 if platform == "cuda" else 1)
+    Hp = max(pow2(H), 16 if platform == "cuda" else 1)
 
     def pad(x, length):      # [B,L,heads,H] -> [B,heads,Lp,Hp], zero padded
         x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, Hp - H)))

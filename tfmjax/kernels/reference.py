@@ -1,4 +1,4 @@
-"""Reference attention: seed 000 pseudo-algorithm 2.5, literally.
+"""Reference attention: ``softmax(Q K^T / sqrt(H) + mask) V`` (Vaswani et al. 2017), literally.
 
 Materialise the scores, set blocked positions to -inf, softmax, weighted sum.
 K/V heads are repeated to the N query heads (obviously correct, memory-hungry).

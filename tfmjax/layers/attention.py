@@ -1,7 +1,7 @@
 """Multi-head attention module for self- and cross-attention (MHA, GQA, MQA).
 
 Projections: ``query [D,N,H]``, ``key``/``value [D,K,H]``, ``out [N,H,D]`` (K = N: MHA,
-1 < K < N: GQA, K = 1: MQA; seed 000 §2.4, §6.6). The attention math is
+1 < K < N: GQA, K = 1: MQA; Vaswani et al. 2017, Shazeer 2019, Ainslie et al. 2023). The attention math is
 :func:`tfmjax.kernels.attention`; this module adds projections, RoPE and the KV cache.
 
 KV cache (self-attention decoding): a dict ``{"k": [B,K,S_max,H], "v": [B,K,S_max,H],

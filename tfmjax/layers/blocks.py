@@ -1,7 +1,7 @@
-"""Transformer blocks (seed 000 §3-4): encoder / decoder-only, and decoder with cross-attention.
+"""Transformer blocks (Vaswani et al. 2017): encoder / decoder-only, and decoder with cross-attention.
 
 Every sublayer is wrapped by :func:`residual`: pre-norm ``x + f(LN(x))`` or post-norm
-``LN(x + f(x))`` (seed 000 §3.3.3), with dropout on the sublayer output.
+``LN(x + f(x))`` (post-norm; pre-norm: Xiong et al. 2020), with dropout on the sublayer output.
 Blocks have the signature ``block(x, cache, inputs) -> (x, cache)`` so that
 :class:`tfmjax.layers.stack.LayerStack` can scan over them; ``inputs`` is a
 :class:`BlockInputs` holding what every layer shares (positions, segment ids, ...).
@@ -96,7 +96,7 @@ class SelfAttentionBlock(_Block):
 
 
 class DecoderBlock(_Block):
-    """Causal self-attention, cross-attention to the encoder output, feed-forward (seed 000 §4.5).
+    """Causal self-attention, cross-attention to the encoder output, feed-forward.
 
     Decoding cache: ``{"self": <KV cache>, "cross": {"k", "v"}}``; a cache without ``"cross"``
     gets the encoder's keys and values computed once, here, and stored.

@@ -1,4 +1,4 @@
-"""Token embedding with an optional tied output projection (weight tying, seed 001 §12)."""
+"""Token embedding with an optional tied output projection (weight tying, Press & Wolf 2017)."""
 from __future__ import annotations
 
 import flax.linen as nn

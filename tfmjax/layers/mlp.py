@@ -1,4 +1,4 @@
-"""Position-wise feed-forward networks (seed 000 §3.3.2): ReLU, GELU, SwiGLU, GEGLU."""
+"""Position-wise feed-forward networks (Vaswani et al. 2017; GLU variants: Shazeer 2020): ReLU, GELU, SwiGLU, GEGLU."""
 from __future__ import annotations
 
 import flax.linen as nn

@@ -1,4 +1,4 @@
-"""LayerNorm (seed 000 §3.3.1) and RMSNorm, computed in float32."""
+"""LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019), computed in float32."""
 from __future__ import annotations
 
 import flax.linen as nn

@@ -1,4 +1,4 @@
-"""Positional encodings (seed 000 §5): sinusoidal, learned, RoPE, ALiBi, T5 relative bias."""
+"""Positional encodings (Vaswani 2017, Su 2021, Press 2022, Raffel 2020): sinusoidal, learned, RoPE, ALiBi, T5 relative bias."""
 from __future__ import annotations
 
 import flax.linen as nn
@@ -11,7 +11,7 @@ from tfmjax.kernels.masks import alibi_slopes  # noqa: F401  (re-exported: one d
 def sinusoidal(positions, d_model: int, base: float = 10000.0):
     """``PE[pos, 2i] = sin(pos w_i)``, ``PE[pos, 2i+1] = cos(pos w_i)``, ``w_i = base^(-2i/D)``.
 
-    ``positions [..., T]`` (int) -> ``[..., T, D]`` float32 (seed 000 §5.3).
+    ``positions [..., T]`` (int) -> ``[..., T, D]`` float32 (Vaswani et al. 2017).
     """
     i = jnp.arange(d_model // 2, dtype=jnp.float32)
     omega = base ** (-2.0 * i / d_model)
@@ -24,7 +24,7 @@ def sinusoidal(positions, d_model: int, base: float = 10000.0):
 
 
 class LearnedPositions(nn.Module):
-    """``W_pos[positions]`` from a ``[max_len, D]`` table (seed 000 §5.4)."""
+    """``W_pos[positions]`` from a ``[max_len, D]`` table (GPT-2, BERT)."""
     max_len: int
     d_model: int
 
@@ -35,7 +35,7 @@ class LearnedPositions(nn.Module):
 
 
 def apply_rope(x, positions, base: float = 10000.0):
-    """Rotate pairs ``(x[2i], x[2i+1])`` by ``pos * base^(-2i/H)`` (seed 000 §5.5, algorithm 5.7).
+    """Rotate pairs ``(x[2i], x[2i+1])`` by ``pos * base^(-2i/H)`` (RoPE, Su et al. 2021).
 
     ``x [B,T,N,H]``, ``positions [B,T]`` -> ``[B,T,N,H]`` in x's dtype.
     """
