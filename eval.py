@@ -31,7 +31,7 @@ def main(argv=None) -> int:
 
     from tfmjax.config import ConfigError
     from tfmjax.evaluate import evaluate_checkpoint, format_report
-    from tfmjax.train.checkpoint import CheckpointError
+    from tfmjax.checkpoint import CheckpointError
 
     try:
         strategy = strategy_from_args(args)

@@ -17,7 +17,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from tfmjax.config import ConfigError, load
-    from tfmjax.train.checkpoint import CheckpointError
+    from tfmjax.checkpoint import CheckpointError
     from tfmjax.train.loop import NonFiniteLossError, train
 
     try:

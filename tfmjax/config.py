@@ -397,14 +397,38 @@ def load(path: str | Path, overrides=()) -> Experiment:
     return from_dict(apply_overrides(raw, overrides), name=path.stem)
 
 
-def diff(a: Experiment | dict, b: Experiment | dict, sections=("model",)) -> list[str]:
-    """Readable ``section.key: a != b`` lines for the fields that differ."""
+def diff(a: Experiment | dict, b: Experiment | dict, sections=("model",),
+         labels: tuple[str, str] | None = None) -> list[str]:
+    """Readable ``section.key: a != b`` lines for the fields that differ (nested keys flattened).
+
+    ``labels=("checkpoint", "now")`` names the sides: ``model.d_model: 64 (checkpoint) != 128
+    (now)``. A key present on one side only shows ``<missing>`` on the other.
+    """
     a = a.to_dict() if isinstance(a, Experiment) else a
     b = b.to_dict() if isinstance(b, Experiment) else b
+    left, right = (f" ({labels[0]})", f" ({labels[1]})") if labels else ("", "")
     lines = []
     for section in sections:
-        sa, sb = a.get(section, {}), b.get(section, {})
-        for key in sorted(set(sa) | set(sb)):
-            if sa.get(key) != sb.get(key):
-                lines.append(f"{section}.{key}: {sa.get(key)!r} != {sb.get(key)!r}")
+        fa, fb = _flatten(a.get(section, {}), section), _flatten(b.get(section, {}), section)
+        for key in sorted(set(fa) | set(fb)):
+            va, vb = fa.get(key, _MISSING), fb.get(key, _MISSING)
+            if va != vb:
+                lines.append(f"{key}: {va!r}{left} != {vb!r}{right}")
     return lines
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
+
+
+def _flatten(tree, prefix: str) -> dict:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out = {}
+    for key, value in tree.items():
+        out.update(_flatten(value, f"{prefix}.{key}"))
+    return out

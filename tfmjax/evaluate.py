@@ -11,18 +11,13 @@ from pathlib import Path
 from tfmjax.evaluator import NUM_ROWS, Evaluator
 
 
-def _workdir_and_step(path: Path) -> tuple[Path, int | None]:
-    """The workdir a checkpoint path belongs to, and the step if the path names one."""
+def _workdir(path: Path) -> Path:
+    """The workdir a checkpoint path (a workdir, its checkpoints dir or a step dir) belongs to."""
     if path.name.isdigit() and path.parent.name == "checkpoints":
-        return path.parent.parent, int(path.name)
+        return path.parent.parent
     if path.name == "checkpoints":
-        return path.parent, None
-    return path, None
-
-
-def _latest_step(workdir: Path) -> int | None:
-    steps = [int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
-    return max(steps) if steps else None
+        return path.parent
+    return path
 
 
 def evaluate_checkpoint(path: str | Path, *, split: str = "eval", num_examples: int | None = None,
@@ -37,12 +32,12 @@ def evaluate_checkpoint(path: str | Path, *, split: str = "eval", num_examples: 
     from tfmjax.config import ConfigError, from_dict
     from tfmjax.data import make_task
     from tfmjax.models.checks import InputError
-    from tfmjax.train.checkpoint import load_for_inference
+    from tfmjax.checkpoint import load_for_inference
 
     path = Path(path)
-    config, params = load_for_inference(path)
+    config, params, step = load_for_inference(path)
     experiment = from_dict(config)
-    workdir, step = _workdir_and_step(path)
+    workdir = _workdir(path)
     data = experiment.data
     try:
         task = make_task(data.task, **data.task_params)
@@ -53,7 +48,7 @@ def evaluate_checkpoint(path: str | Path, *, split: str = "eval", num_examples: 
         raise ConfigError(str(err)) from None
     metrics, rows = evaluator(params, num_rows=num_rows)
     return {"checkpoint": str(path), "workdir": str(workdir),
-            "step": step if step is not None else _latest_step(workdir),
+            "step": step,
             "experiment": experiment.name, "family": experiment.model.family, "task": data.task,
             "split": split, "decode": repr(evaluator.strategy), **metrics, "examples": rows}
 

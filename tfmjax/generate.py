@@ -73,8 +73,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def load(workdir: str):
     """``(Experiment, params)`` of the newest good checkpoint under ``workdir``."""
     from tfmjax.config import Experiment, from_dict
-    from tfmjax.train.checkpoint import load_for_inference
-    config, params = load_for_inference(workdir)
+    from tfmjax.checkpoint import load_for_inference
+    config, params, _ = load_for_inference(workdir)
     experiment = config if isinstance(config, Experiment) else from_dict(config)
     if "params" not in params:          # a bare params tree: make it model.apply's variables
         params = {"params": params}
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --max-new-tokens={args.max_new_tokens} must be >= 1", file=sys.stderr)
         return 2
     from tfmjax.data import make_task
-    from tfmjax.train.checkpoint import CheckpointError
+    from tfmjax.checkpoint import CheckpointError
     try:
         strategy = strategy_from_args(args)
         experiment, params = load(args.workdir)

@@ -33,7 +33,7 @@ def test_generate_from_text_is_generate_on_source_sep(setup):
 
 
 def test_cli_loads_checkpoint_and_prints_answers(setup, tmp_path, capsys):
-    from tfmjax.train.checkpoint import Checkpointer
+    from tfmjax.checkpoint import Checkpointer
     task, model, params = setup
     exp = Experiment(name="cli", model=model.config,
                      data=DataConfig(task="reverse", task_params=dict(TASK_PARAMS)))

@@ -1,5 +1,6 @@
 """Greedy decoding agrees with teacher forcing; eval.py reports every field from a checkpoint."""
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -85,7 +86,7 @@ def trained(tmp_path_factory):
         "optim": {"warmup_steps": 1},
         "data": {"task": "reverse", "task_params": {"num_symbols": 5, "max_len": 5},
                  "batch_size": 8, "eval_examples": 8},
-        "train": {"steps": 4, "log_every": 2, "eval_every": 4, "checkpoint_every": 4,
+        "train": {"steps": 4, "log_every": 2, "eval_every": 4, "checkpoint_every": 2,
                   "workdir": str(workdir)},
     }, name="evaltest")
     train(exp, progress=False, plot=False, stream=open(os.devnull, "w"))
@@ -153,3 +154,19 @@ def test_eval_cli_relative_workdir(trained):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert json.loads((trained / "rel.json").read_text())["step"] == 4
+
+
+def test_eval_reports_the_step_it_loaded_when_the_newest_is_corrupt(trained, tmp_path):
+    """The newest step is corrupt: eval falls back to step 2 and says so (not step 4)."""
+    workdir = tmp_path / "run"
+    shutil.copytree(trained, workdir)
+    data_files = [f for f in (workdir / "checkpoints" / "4" / "state").rglob("*") if f.is_file()]
+    biggest = max(data_files, key=lambda f: f.stat().st_size)    # the arrays' data file
+    data = bytearray(biggest.read_bytes())
+    for i in range(len(data) // 4, len(data), max(len(data) // 64, 1)):
+        data[i] ^= 0xFF
+    biggest.write_bytes(bytes(data))
+    proc = _eval_cli(workdir, "--num-examples", 2)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((workdir / "eval.json").read_text())["step"] == 2
+    assert "(step 2)" in proc.stdout and "checkpoint step 4 is corrupt" in proc.stderr

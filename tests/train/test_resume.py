@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from tfmjax.config import from_dict
-from tfmjax.train.checkpoint import load_for_inference, params_hash
+from tfmjax.checkpoint import load_for_inference, params_hash
 from tfmjax.train.loop import train
 from tfmjax.train.metrics_log import deterministic_part, read_records
 
@@ -61,8 +61,8 @@ def test_stop_crash_resume_is_bit_exact(tmp_path, family):
     assert max(r["step"] for r in read_records(tmp_path / "broken" / "metrics.jsonl")) == 9
     assert run(broken)["step"] == STEPS                  # resumes from 8, rewrites 9
 
-    _, params_a = load_for_inference(tmp_path / "straight")
-    _, params_b = load_for_inference(tmp_path / "broken")
+    _, params_a, _ = load_for_inference(tmp_path / "straight")
+    _, params_b, _ = load_for_inference(tmp_path / "broken")
     assert params_hash(params_a) == params_hash(params_b)
     records_a = [deterministic_part(r) for r in read_records(tmp_path / "straight" / "metrics.jsonl")]
     records_b = [deterministic_part(r) for r in read_records(tmp_path / "broken" / "metrics.jsonl")]

@@ -8,7 +8,7 @@ import pytest
 from tfmjax.config import ModelConfig
 from tfmjax.data import make_batch, make_task
 from tfmjax.models import build
-from tfmjax.train.checkpoint import params_hash
+from tfmjax.checkpoint import params_hash
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.schedules import make_schedule
 from tfmjax.train.state import create_state, reset_window

@@ -33,7 +33,7 @@ from tfmjax.evaluator import Evaluator
 from tfmjax.models import FAMILIES, build
 from tfmjax.models.checks import InputError
 from tfmjax.models.summary import summarize
-from tfmjax.train.checkpoint import Checkpointer
+from tfmjax.checkpoint import Checkpointer
 from tfmjax.train.metrics_log import Console, MetricsLog
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.schedules import make_schedule

@@ -12,7 +12,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tfmjax.train.checkpoint import Checkpointer  # noqa: E402
+from tfmjax.checkpoint import Checkpointer  # noqa: E402
 
 N = 1 << 20          # 4 arrays x 1M uint32 = 16 MiB of incompressible data per step
 CONFIG = {"name": "kill", "model": {"d_model": 8}}

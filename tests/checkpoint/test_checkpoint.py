@@ -17,15 +17,15 @@ import optax
 import pytest
 
 from tfmjax import config as tconfig
-from tfmjax.train import checkpoint as ck
-from tfmjax.train.checkpoint import (CheckpointError, Checkpointer, load_config,
+from tfmjax.checkpoint import hashing
+from tfmjax.checkpoint import (CheckpointError, Checkpointer, load_config,
                                      load_for_inference, params_hash)
 
 # When a read fails, orbax/tensorstore may later call back into an asyncio loop orbax has
 # already closed ("RuntimeError: Event loop is closed", reported as unraisable). Harmless.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
-LOGGER = "tfmjax.train.checkpoint"
+LOGGER = "tfmjax.checkpoint"
 
 
 @pytest.fixture(autouse=True)
@@ -162,7 +162,7 @@ def test_dataclass_state_and_concrete_target(tmp_path):
         restored, step = ckpt.restore(state)                  # arrays work as a target too
     assert isinstance(restored, TrainState) and step == 3
     assert params_hash(restored) == params_hash(state)
-    _, params = load_for_inference(tmp_path)
+    _, params, _ = load_for_inference(tmp_path)
     assert params_hash(params) == params_hash(state.params)
 
 
@@ -225,9 +225,9 @@ def test_unreadable_data_file_falls_back(tmp_path, caplog):
     path, _ = find_table_bytes(tmp_path, 2)
     path.write_bytes(path.read_bytes()[:100])                   # truncated: cannot be read
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        config, params = load_for_inference(tmp_path)           # read-only: nothing moved
+        config, params, step = load_for_inference(tmp_path)     # read-only: nothing moved
     assert params_hash(params) == params_hash(make_state(1)["params"])
-    assert load_for_inference(tmp_path, return_step=True)[2] == 1
+    assert load_for_inference(tmp_path)[2] == step == 1
     (line, _) = corrupt_lines(caplog)
     assert line.startswith("checkpoint step 2 is corrupt (params unreadable: ")
     assert line.endswith("falling back to step 1") and "\n" not in line
@@ -263,7 +263,7 @@ def test_leftover_tmp_dir_is_never_the_latest(tmp_path, caplog):
     tmp = tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp"
     shutil.copytree(step_dir(tmp_path, 2), tmp)                 # even a complete-looking one
     (tmp / "state" / "_METADATA").write_text("garbage")
-    assert load_config(tmp_path) == ck._jsonable(CONFIG)
+    assert load_config(tmp_path) == hashing.jsonable(CONFIG)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         ckpt = Checkpointer(tmp_path)                           # cleans up the tmp dir
         assert ckpt.latest_step() == 2
@@ -376,7 +376,7 @@ def test_load_config_and_params_from_workdir_checkpoints_dir_or_step_dir(tmp_pat
     ckpt.close()
     assert tconfig.from_dict(load_config(tmp_path)) == experiment
     for where, step in [(tmp_path, 2), (tmp_path / "checkpoints", 2), (step_dir(tmp_path, 1), 1)]:
-        config, params = load_for_inference(where)
+        config, params, _ = load_for_inference(where)
         assert tconfig.from_dict(config) == experiment
         assert_trees_equal(params, make_state(step)["params"])
     with pytest.raises(CheckpointError, match="does not exist"):

@@ -1,0 +1,68 @@
+"""Loading for evaluation and generation: the config and params of a checkpoint, no train state."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+
+from tfmjax.checkpoint.errors import CorruptStep, short_error
+from tfmjax.checkpoint.hashing import params_hash
+from tfmjax.checkpoint.store import default_sharding, reader, resolve
+
+
+def load_config(directory: str | Path) -> dict:
+    """The experiment config (dict) of the newest checkpoint whose metadata and config verify.
+
+    ``directory``: a workdir, its ``checkpoints`` dir, or one step dir. Arrays are not read
+    (use :func:`load_for_inference` to get the params and their config together).
+    """
+    checkpoints_dir, step = resolve(directory)
+    store = reader(checkpoints_dir)
+    try:
+        config, _ = store.first_good(step, lambda s: store.read_json(s)[1])
+    finally:
+        store.mgr.close()
+    return config
+
+
+def load_for_inference(directory: str | Path):
+    """``(config dict, params, step)`` of the newest checkpoint whose params verify.
+
+    ``step`` is the step actually loaded: an older one than the newest on disk when the
+    newest is corrupt.
+
+    Only the params subtree is read (no optimizer state), onto the first local device, as
+    the shapes and dtypes recorded in the checkpoint; no abstract target is needed.
+    ``directory``: a workdir, its ``checkpoints`` dir, or one step dir (no fall-back then).
+    Turn the dict into an experiment with ``tfmjax.config.from_dict``.
+    """
+    checkpoints_dir, step = resolve(directory)
+    store = reader(checkpoints_dir)
+    sharding = default_sharding()
+
+    def read_one(s: int):
+        metadata, config = store.read_json(s)
+        name = metadata.get("params_path")
+        try:
+            tree = store.mgr.item_metadata(s)["state"]
+            tree = getattr(tree, "tree", tree)
+            sub = tree[name] if name is not None else tree
+            target = jax.tree.map(
+                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), sub)
+            item = {name: target} if name is not None else target
+            out = store.mgr.restore(s, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                partial_restore=name is not None)))
+            params = out["state"][name] if name is not None else out["state"]
+        except Exception as err:  # noqa: BLE001
+            raise CorruptStep(f"params unreadable: {short_error(err)}") from None
+        if params_hash(params) != metadata["params_hash"]:
+            raise CorruptStep("array hash mismatch")
+        return config, params
+
+    try:
+        (config, params), loaded = store.first_good(step, read_one)
+    finally:
+        store.mgr.close()
+    return config, params, loaded
