@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test test-fast bench clean
+.PHONY: install lint format train test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -17,12 +17,22 @@ install: $(STAMP)
 train: $(STAMP)
 	$(PY) train.py configs/reverse.toml
 
-# The whole suite, `slow` tests included (CI runs exactly this).
-test: $(STAMP)
+# Lint first (ruff: pyflakes, pycodestyle, import order, bugbear; and the formatter's check).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# Apply the formatter and the safe lint fixes.
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+# The whole suite, `slow` tests included (CI runs exactly this), after the lint.
+test: lint
 	$(PY) -m pytest -n 2 -q
 
-# Everything but the tests marked slow.
-test-fast: $(STAMP)
+# Everything but the tests marked slow, after the lint.
+test-fast: lint
 	$(PY) -m pytest -n 2 -q -m "not slow"
 
 bench: $(STAMP)

@@ -20,6 +20,7 @@ Implementations: ``reference`` (materialised softmax(QK^T/sqrt(H) + mask) V), ``
 beyond T=512; shown for scale only). ``blockwise-full`` is blockwise without the causal
 mask: causal / full time checks that causal block skipping saves work (ideal ~ 0.5).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,20 @@ PALLAS_MAX_T = 512
 
 def _kernel(module, causal=True):
     def fn(q, k, v):
-        return module.attention(q, k, v, causal=causal, q_segment_ids=None, kv_segment_ids=None,
-                                window=None, alibi_slopes=None, bias=None, q_offset=0,
-                                scale=H ** -0.5)
+        return module.attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            q_segment_ids=None,
+            kv_segment_ids=None,
+            window=None,
+            alibi_slopes=None,
+            bias=None,
+            q_offset=0,
+            scale=H**-0.5,
+        )
+
     return fn
 
 
@@ -61,6 +73,7 @@ def _fwd_bwd(fn):
     def run(q, k, v, d_out):
         out, vjp = jax.vjp(fn, q, k, v)
         return out, vjp(d_out)
+
     return run
 
 
@@ -83,58 +96,76 @@ def bench(lengths, rounds, slow_s):
     for T in lengths:
         keys = jax.random.split(jax.random.key(T), 4)
         q, k, v, d_out = (jax.random.normal(key, (B, T, N, H), jnp.float32) for key in keys)
-        cells = {}        # (impl, mode) -> dict(compiled, args, compile_s, temp, times)
+        cells = {}  # (impl, mode) -> dict(compiled, args, compile_s, temp, times)
         for name, fn in IMPLS.items():
             if name == "pallas" and T > PALLAS_MAX_T:
                 continue
-            for mode, f, args in (("fwd", fn, (q, k, v)),
-                                  ("fwd+bwd", _fwd_bwd(fn), (q, k, v, d_out))):
+            for mode, f, args in (
+                ("fwd", fn, (q, k, v)),
+                ("fwd+bwd", _fwd_bwd(fn), (q, k, v, d_out)),
+            ):
                 if name == "blockwise-full" and mode != "fwd":
                     continue
                 compiled, compile_s = _compile(f, *args)
                 temp = compiled.memory_analysis().temp_size_in_bytes
-                first = _timed(compiled, *args)                 # warm-up
-                single = first > slow_s                         # too slow to repeat
-                cells[name, mode] = dict(compiled=compiled, args=args, compile_s=compile_s,
-                                         temp=temp, times=[first] if single else [],
-                                         single=single)
-        for _ in range(rounds):                           # interleaved rounds
+                first = _timed(compiled, *args)  # warm-up
+                single = first > slow_s  # too slow to repeat
+                cells[name, mode] = dict(
+                    compiled=compiled,
+                    args=args,
+                    compile_s=compile_s,
+                    temp=temp,
+                    times=[first] if single else [],
+                    single=single,
+                )
+        for _ in range(rounds):  # interleaved rounds
             matmul_times.append(_timed(matmul, x, x))
             for cell in cells.values():
                 if not cell["single"]:
                     cell["times"].append(_timed(cell["compiled"], *cell["args"]))
-        report(T, cells, 2 * 2048 ** 3 / statistics.median(matmul_times) / 1e9, slow_s)
+        report(T, cells, 2 * 2048**3 / statistics.median(matmul_times) / 1e9, slow_s)
 
 
 def report(T, cells, matmul_gflops, slow_s):
-    fwd_flops = 2 * B * N * T * T * H           # 2 matmuls x 2BNTSH x 1/2 (causal)
-    print(f"\nT={T}  (B={B} N={N} H={H} causal fp32; same-run 2048^2 fp32 matmul: "
-          f"{matmul_gflops:.0f} GFLOP/s)")
-    print(f"{'impl':15s} {'mode':8s} {'compile':>8s} {'time':>10s} {'GFLOP/s':>8s} "
-          f"{'/matmul':>8s} {'vs ref':>8s} {'vs jax.nn':>9s} {'temp MiB':>10s}")
+    fwd_flops = 2 * B * N * T * T * H  # 2 matmuls x 2BNTSH x 1/2 (causal)
+    print(
+        f"\nT={T}  (B={B} N={N} H={H} causal fp32; same-run 2048^2 fp32 matmul: "
+        f"{matmul_gflops:.0f} GFLOP/s)"
+    )
+    print(
+        f"{'impl':15s} {'mode':8s} {'compile':>8s} {'time':>10s} {'GFLOP/s':>8s} "
+        f"{'/matmul':>8s} {'vs ref':>8s} {'vs jax.nn':>9s} {'temp MiB':>10s}"
+    )
     for (name, mode), cell in cells.items():
         t = statistics.median(cell["times"])
         gflops = fwd_flops * (1 if mode == "fwd" else 3.5) / t / 1e9
         ref = cells.get(("reference", mode))
         nn = cells.get(("jax.nn", mode))
-        vs = lambda other: (f"{statistics.median(other['times']) / t:.1f}x"  # noqa: E731
-                            if other else "n/a")
+        vs = lambda other, t=t: f"{statistics.median(other['times']) / t:.1f}x" if other else "n/a"
         star = "*" if cell["single"] else " "
-        print(f"{name:15s} {mode:8s} {cell['compile_s']:7.1f}s {t * 1e3:9.1f}{star}"
-              f" {gflops:8.1f} {gflops / matmul_gflops:8.2f} {vs(ref):>8s} {vs(nn):>9s}"
-              f" {cell['temp'] / 2 ** 20:10.1f}")
+        print(
+            f"{name:15s} {mode:8s} {cell['compile_s']:7.1f}s {t * 1e3:9.1f}{star}"
+            f" {gflops:8.1f} {gflops / matmul_gflops:8.2f} {vs(ref):>8s} {vs(nn):>9s}"
+            f" {cell['temp'] / 2**20:10.1f}"
+        )
     if T > PALLAS_MAX_T:
-        print(f"{'pallas':15s} n/a: interpret mode (CPU emulation of the GPU/TPU kernel) is "
-              f"only run for T <= {PALLAS_MAX_T}")
+        print(
+            f"{'pallas':15s} n/a: interpret mode (CPU emulation of the GPU/TPU kernel) is "
+            f"only run for T <= {PALLAS_MAX_T}"
+        )
     full, causal = cells.get(("blockwise-full", "fwd")), cells.get(("blockwise", "fwd"))
     if full and causal:
         n = -(-T // blockwise.BlockSizes().block_q)
         ratio = statistics.median(causal["times"]) / statistics.median(full["times"])
-        print(f"block skipping: blockwise causal / non-causal fwd time = {ratio:.2f} "
-              f"(block pairs visited: {(n + 1) / (2 * n):.2f} of all)")
+        print(
+            f"block skipping: blockwise causal / non-causal fwd time = {ratio:.2f} "
+            f"(block pairs visited: {(n + 1) / (2 * n):.2f} of all)"
+        )
     if any(c["single"] for c in cells.values()):
-        print(f"* a single run takes > {slow_s:.0f} s: timed once (its first run); "
-              "every other cell: median of the rounds")
+        print(
+            f"* a single run takes > {slow_s:.0f} s: timed once (its first run); "
+            "every other cell: median of the rounds"
+        )
     sys.stdout.flush()
 
 
@@ -143,12 +174,18 @@ def main():
     parser.add_argument("--quick", action="store_true", help="small T for a smoke run")
     parser.add_argument("--lengths", type=int, nargs="*", help="override the lengths")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
-    parser.add_argument("--slow", type=float, default=15.0,
-                        help="cells whose warm-up call takes longer are timed once")
+    parser.add_argument(
+        "--slow",
+        type=float,
+        default=15.0,
+        help="cells whose warm-up call takes longer are timed once",
+    )
     args = parser.parse_args()
     lengths = args.lengths or ([128, 256] if args.quick else [512, 2048, 8192])
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} "
-          f"({jax.device_count()} device(s)), rounds={args.rounds}")
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].device_kind} "
+        f"({jax.device_count()} device(s)), rounds={args.rounds}"
+    )
     bench(lengths, args.rounds, args.slow)
 
 

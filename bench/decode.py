@@ -15,6 +15,7 @@ the total is the sum over the 256 steps of the linearly interpolated per-step ti
 Hugging Face (``pip install 'tfmjax[bench]'``: torch + transformers) runs
 ``GPT2LMHeadModel.generate`` on the same shape with its KV cache; skipped when missing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,11 +29,12 @@ import numpy as np
 from tfmjax.decode import Greedy, full_logits, generate
 from tfmjax.models import build, preset
 
-
-_COMPILE_SECONDS = []     # trace + lowering + XLA compile time of every jit compile
+_COMPILE_SECONDS = []  # trace + lowering + XLA compile time of every jit compile
 jax.monitoring.register_event_duration_secs_listener(
-    lambda event, secs, **kw: _COMPILE_SECONDS.append(secs)
-    if event.startswith("/jax/core/compile/") else None)
+    lambda event, secs, **kw: (
+        _COMPILE_SECONDS.append(secs) if event.startswith("/jax/core/compile/") else None
+    )
+)
 
 
 def _timed(fn, repeats: int):
@@ -49,8 +51,9 @@ def _timed(fn, repeats: int):
 
 
 def bench_cached(model, params, prompts, new_tokens, repeats):
-    compile_s, warm = _timed(lambda: generate(model, params, prompts, Greedy(), new_tokens,
-                                              eos_id=None).tokens, repeats)
+    compile_s, warm = _timed(
+        lambda: generate(model, params, prompts, Greedy(), new_tokens, eos_id=None).tokens, repeats
+    )
     return warm, compile_s
 
 
@@ -60,9 +63,9 @@ def bench_uncached(model, params, prompts, new_tokens, points):
     lengths = np.unique(np.linspace(P, P + new_tokens - 1, points).round().astype(int))
     per_step, compile_s = [], 0.0
     for n in lengths:
-        tokens = jnp.asarray(np.resize(prompts, (B, n)), jnp.int32)    # any n tokens
+        tokens = jnp.asarray(np.resize(prompts, (B, n)), jnp.int32)  # any n tokens
         seg = jnp.ones_like(tokens)
-        compiled, warm = _timed(lambda: full_logits(model, params, tokens, seg), 1)
+        compiled, warm = _timed(lambda t=tokens, s=seg: full_logits(model, params, t, s), 1)
         per_step.append(warm)
         compile_s += compiled
     steps = np.arange(P, P + new_tokens)
@@ -78,17 +81,31 @@ def bench_hf(cfg, batch, prompt_len, new_tokens, repeats):
     except ImportError:
         return None
     torch.manual_seed(0)
-    hf_cfg = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model,
-                        n_layer=cfg.num_layers, n_head=cfg.num_heads, n_inner=cfg.d_ff,
-                        bos_token_id=1, eos_token_id=2)
+    hf_cfg = GPT2Config(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.max_len,
+        n_embd=cfg.d_model,
+        n_layer=cfg.num_layers,
+        n_head=cfg.num_heads,
+        n_inner=cfg.d_ff,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     model = GPT2LMHeadModel(hf_cfg).eval()
     ids = torch.randint(5, cfg.vocab_size, (batch, prompt_len))
     mask = torch.ones_like(ids)
 
     def run(n):
         with torch.inference_mode():
-            return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                  do_sample=False, num_beams=1, pad_token_id=0)
+            return model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=0,
+            )
 
     # torch's OpenMP threads spin-wait: on a busy machine fewer threads can be much faster.
     # Give HF its best thread count, found on a short warm-up run.
@@ -117,12 +134,23 @@ def main(argv=None):
     parser.add_argument("--prompt-len", type=int, default=None)
     parser.add_argument("--new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="warm runs per measurement")
-    parser.add_argument("--uncached-points", type=int, default=3,
-                        help="sequence lengths at which the uncached step is timed")
+    parser.add_argument(
+        "--uncached-points",
+        type=int,
+        default=3,
+        help="sequence lengths at which the uncached step is timed",
+    )
     args = parser.parse_args(argv)
     if args.quick:
-        cfg = preset("gpt2-small", vocab_size=512, d_model=128, num_heads=4, d_ff=512,
-                     num_layers=2, max_len=64)
+        cfg = preset(
+            "gpt2-small",
+            vocab_size=512,
+            d_model=128,
+            num_heads=4,
+            d_ff=512,
+            num_layers=2,
+            max_len=64,
+        )
         defaults = dict(batches=[1, 2], prompt_len=8, new_tokens=16, repeats=2)
     else:
         cfg = preset("gpt2-small")
@@ -134,44 +162,55 @@ def main(argv=None):
     model = build(cfg)
     params = jax.jit(model.init)(jax.random.key(0), model.dummy_batch())
     n_params = sum(x.size for x in jax.tree.leaves(params))
-    print(f"model: {'quick' if args.quick else 'gpt2-small'} ({n_params / 1e6:.1f}M params, "
-          f"float32), prompt {args.prompt_len}, new tokens {args.new_tokens}, "
-          f"jax {jax.__version__} on {jax.devices()[0].platform} x{jax.local_device_count()}")
+    print(
+        f"model: {'quick' if args.quick else 'gpt2-small'} ({n_params / 1e6:.1f}M params, "
+        f"float32), prompt {args.prompt_len}, new tokens {args.new_tokens}, "
+        f"jax {jax.__version__} on {jax.devices()[0].platform} x{jax.local_device_count()}"
+    )
     rows = []
     hf_missing = False
     for B in args.batches:
         prompts = np.random.default_rng(B).integers(5, cfg.vocab_size, (B, args.prompt_len))
         prompts = prompts.astype(np.int32)
-        cached, cached_compile = bench_cached(model, params, prompts, args.new_tokens,
-                                              args.repeats)
-        uncached, uncached_compile = bench_uncached(model, params, prompts, args.new_tokens,
-                                                    args.uncached_points)
+        cached, cached_compile = bench_cached(model, params, prompts, args.new_tokens, args.repeats)
+        uncached, uncached_compile = bench_uncached(
+            model, params, prompts, args.new_tokens, args.uncached_points
+        )
         hf = bench_hf(cfg, B, args.prompt_len, args.new_tokens, args.repeats)
         hf_missing |= hf is None
         hf, hf_threads = (None, None) if hf is None else hf
         rows.append((B, cached, cached_compile, uncached, uncached_compile, hf, hf_threads))
 
     n = args.new_tokens
-    print(f"{'batch':>5} | {'cached tok/s':>12} | {'uncached tok/s':>14} | {'HF tok/s':>9} | "
-          f"{'cached/uncached':>15} | {'cached/HF':>9} | {'HF threads':>10} | "
-          f"{'compile s (cached, uncached)':>28}")
+    print(
+        f"{'batch':>5} | {'cached tok/s':>12} | {'uncached tok/s':>14} | {'HF tok/s':>9} | "
+        f"{'cached/uncached':>15} | {'cached/HF':>9} | {'HF threads':>10} | "
+        f"{'compile s (cached, uncached)':>28}"
+    )
     for B, cached, cc, uncached, uc, hf, hf_threads in rows:
-        tps = lambda s: B * n / s
+        tps = lambda s, B=B: B * n / s
         hf_tps = f"{tps(hf):9.1f}" if hf else f"{'n/a':>9}"
         hf_ratio = f"{hf / cached:8.2f}x" if hf else f"{'n/a':>9}"
-        print(f"{B:>5} | {tps(cached):12.1f} | {tps(uncached):14.2f} | {hf_tps} | "
-              f"{uncached / cached:14.1f}x | {hf_ratio} | {hf_threads or 'n/a':>10} | "
-              f"{cc:13.1f}, {uc:13.1f}")
-    print(f"uncached: timed at {args.uncached_points} sequence lengths, interpolated over "
-          f"{n} steps (extrapolated, not run end to end)")
+        print(
+            f"{B:>5} | {tps(cached):12.1f} | {tps(uncached):14.2f} | {hf_tps} | "
+            f"{uncached / cached:14.1f}x | {hf_ratio} | {hf_threads or 'n/a':>10} | "
+            f"{cc:13.1f}, {uc:13.1f}"
+        )
+    print(
+        f"uncached: timed at {args.uncached_points} sequence lengths, interpolated over "
+        f"{n} steps (extrapolated, not run end to end)"
+    )
     if hf_missing:
         print("HF: skipped (torch/transformers not importable; pip install 'tfmjax[bench]')")
     else:
         import torch
         import transformers
-        print(f"HF: transformers {transformers.__version__} GPT2LMHeadModel.generate, torch "
-              f"{torch.__version__}, threads: the faster of 1 and the default on a warm-up, "
-              f"greedy with KV cache, min_new_tokens={n}")
+
+        print(
+            f"HF: transformers {transformers.__version__} GPT2LMHeadModel.generate, torch "
+            f"{torch.__version__}, threads: the faster of 1 and the default on a warm-up, "
+            f"greedy with KV cache, min_new_tokens={n}"
+        )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ The reference is ``jnp.dot`` of two 2048x2048 float32 matrices (2 * 2048^3 FLOPs
 the same run, so the ratio cancels most of the machine's speed and load. Compile time
 (first call) is reported apart from the timed steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,31 @@ from tfmjax.train.state import create_state  # noqa: E402
 from tfmjax.train.step import jit_train_step, make_train_step  # noqa: E402
 
 SHAPES = {
-    "nanogpt": dict(config=ModelConfig(family="decoder_only", vocab_size=65, d_model=128,
-                                       num_heads=4, d_ff=512, num_layers=4, max_len=64,
-                                       position="learned", activation="gelu", tie_embeddings=True),
-                    batch=12, src=0, tgt=64, steps=20),
-    "vaswani": dict(config=dataclasses.replace(get_preset("vaswani-base"), dropout_rate=0.0),
-                    batch=8, src=32, tgt=32, steps=3),
+    "nanogpt": dict(
+        config=ModelConfig(
+            family="decoder_only",
+            vocab_size=65,
+            d_model=128,
+            num_heads=4,
+            d_ff=512,
+            num_layers=4,
+            max_len=64,
+            position="learned",
+            activation="gelu",
+            tie_embeddings=True,
+        ),
+        batch=12,
+        src=0,
+        tgt=64,
+        steps=20,
+    ),
+    "vaswani": dict(
+        config=dataclasses.replace(get_preset("vaswani-base"), dropout_rate=0.0),
+        batch=8,
+        src=32,
+        tgt=32,
+        steps=3,
+    ),
 }
 
 
@@ -56,8 +76,11 @@ def random_batch(cfg: ModelConfig, batch: int, src: int, tgt: int, seed: int = 0
     ids = lambda n: rng.integers(5, cfg.vocab_size, (batch, n), dtype=np.int32)  # noqa: E731
     if cfg.family == "encoder_decoder":
         return {"inputs": ids(src), "targets": ids(tgt)}
-    return {"tokens": ids(tgt), "loss_mask": np.ones((batch, tgt), np.float32),
-            "prompt_len": np.zeros((batch,), np.int32)}
+    return {
+        "tokens": ids(tgt),
+        "loss_mask": np.ones((batch, tgt), np.float32),
+        "prompt_len": np.zeros((batch,), np.int32),
+    }
 
 
 def matmul_weights(params) -> dict:
@@ -106,7 +129,7 @@ def matmul_gflops(repeats: int) -> tuple[float, float]:
     dot = jax.jit(jnp.dot)
     dot(a, b).block_until_ready()
     times = timed(lambda: dot(a, b).block_until_ready(), max(5, repeats))
-    flops = 2 * n ** 3
+    flops = 2 * n**3
     return flops / statistics.median(times) / 1e9, flops / min(times) / 1e9
 
 
@@ -132,9 +155,17 @@ def bench_shape(name: str, spec: dict, repeats: int) -> dict:
 
     per_step = [t / spec["steps"] for t in timed(run_steps, repeats)]
     step_s = statistics.median(per_step)
-    return {"name": name, "params": n_params, "tokens": B * (S + T), "target_tokens": B * T,
-            "compile_s": compile_s, "step_ms": step_s * 1e3, "best_step_ms": min(per_step) * 1e3,
-            "gflop": flops / 1e9, "gflops": flops / step_s / 1e9}
+    return {
+        "name": name,
+        "params": n_params,
+        "tokens": B * (S + T),
+        "target_tokens": B * T,
+        "compile_s": compile_s,
+        "step_ms": step_s * 1e3,
+        "best_step_ms": min(per_step) * 1e3,
+        "gflop": flops / 1e9,
+        "gflops": flops / step_s / 1e9,
+    }
 
 
 def main(argv=None) -> int:
@@ -147,21 +178,31 @@ def main(argv=None) -> int:
     rows = [bench_shape(n, s, args.repeats) for n, s in SHAPES.items() if args.only in (None, n)]
     after = matmul_gflops(args.repeats)
     ref = statistics.median([before[0], after[0]])
-    print(f"reference: 2048^2 fp32 jnp.dot {ref:.1f} GFLOP/s (median; before {before[0]:.1f}, "
-          f"after {after[0]:.1f}; best {max(before[1], after[1]):.1f})")
-    print("FLOPs: 6 * matmul-weights * tokens through them + 12 * L * Tq * Tk * D attention "
-          "(PaLM convention; embeddings lookups, norms, biases not counted)")
-    header = (f"{'shape':<9} {'params':>11} {'tok/step':>8} {'compile s':>9} {'step ms':>9} "
-              f"{'best ms':>8} {'tokens/s':>10} {'GFLOP/step':>10} {'GFLOP/s':>8} {'vs dot':>7}")
+    print(
+        f"reference: 2048^2 fp32 jnp.dot {ref:.1f} GFLOP/s (median; before {before[0]:.1f}, "
+        f"after {after[0]:.1f}; best {max(before[1], after[1]):.1f})"
+    )
+    print(
+        "FLOPs: 6 * matmul-weights * tokens through them + 12 * L * Tq * Tk * D attention "
+        "(PaLM convention; embeddings lookups, norms, biases not counted)"
+    )
+    header = (
+        f"{'shape':<9} {'params':>11} {'tok/step':>8} {'compile s':>9} {'step ms':>9} "
+        f"{'best ms':>8} {'tokens/s':>10} {'GFLOP/step':>10} {'GFLOP/s':>8} {'vs dot':>7}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['name']:<9} {r['params']:>11,} {r['tokens']:>8} {r['compile_s']:>9.1f} "
-              f"{r['step_ms']:>9.1f} {r['best_step_ms']:>8.1f} "
-              f"{r['tokens'] / r['step_ms'] * 1e3:>10,.0f} {r['gflop']:>10.2f} "
-              f"{r['gflops']:>8.1f} {r['gflops'] / ref:>7.2f}")
-    print("tokens/s counts every position the step computes on: B*T (decoder-only), "
-          "B*(S+T) (encoder-decoder).")
+        print(
+            f"{r['name']:<9} {r['params']:>11,} {r['tokens']:>8} {r['compile_s']:>9.1f} "
+            f"{r['step_ms']:>9.1f} {r['best_step_ms']:>8.1f} "
+            f"{r['tokens'] / r['step_ms'] * 1e3:>10,.0f} {r['gflop']:>10.2f} "
+            f"{r['gflops']:>8.1f} {r['gflops'] / ref:>7.2f}"
+        )
+    print(
+        "tokens/s counts every position the step computes on: B*T (decoder-only), "
+        "B*(S+T) (encoder-decoder)."
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """Strict JAX settings for every test: 8 CPU devices, rank promotion raises."""
+
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")

@@ -1,4 +1,5 @@
 """Configs are data: TOML + overrides, every field validated with one readable line."""
+
 import dataclasses
 import textwrap
 
@@ -11,34 +12,54 @@ from tfmjax import config as C
 from tfmjax.models import InputError, build
 
 BAD = [
-    ({"model": {"d_model": 60, "num_heads": 8}},
-     "model.d_model=60 is invalid: must be divisible by model.num_heads=8"),
-    ({"model": {"num_heads": 4, "num_kv_heads": 3}},
-     "model.num_heads=4 is invalid: must be divisible by model.num_kv_heads=3"),
-    ({"model": {"activation": "swish"}}, "model.activation='swish' is invalid: must be one of relu"),
+    (
+        {"model": {"d_model": 60, "num_heads": 8}},
+        "model.d_model=60 is invalid: must be divisible by model.num_heads=8",
+    ),
+    (
+        {"model": {"num_heads": 4, "num_kv_heads": 3}},
+        "model.num_heads=4 is invalid: must be divisible by model.num_kv_heads=3",
+    ),
+    (
+        {"model": {"activation": "swish"}},
+        "model.activation='swish' is invalid: must be one of relu",
+    ),
     ({"model": {"position": "rotary"}}, "model.position='rotary' is invalid: must be one of"),
-    ({"model": {"position": "rope", "d_model": 12, "num_heads": 4}},
-     "model.head_dim=3 is invalid: RoPE rotates pairs"),
+    (
+        {"model": {"position": "rope", "d_model": 12, "num_heads": 4}},
+        "model.head_dim=3 is invalid: RoPE rotates pairs",
+    ),
     ({"model": {"d_ff": 0}}, "model.d_ff=0 is invalid: must be > 0"),
     ({"model": {"num_layers": -2}}, "model.num_layers=-2 is invalid: must be > 0"),
     ({"model": {"vocab_size": "32"}}, "model.vocab_size='32' is invalid: must be int"),
     ({"model": {"dropout_rate": 1.5}}, r"model.dropout_rate=1.5 is invalid: must be in \[0, 1\)"),
     ({"model": {"norm": "batchnorm"}}, "model.norm='batchnorm' is invalid"),
     ({"model": {"bos_id": 40, "vocab_size": 32}}, "model.bos_id=40 is invalid"),
-    ({"model": {"family": "decoder_only", "num_decoder_layers": 2}},
-     "only encoder_decoder models have a separate decoder"),
-    ({"model": {"position": "relative", "attention_impl": "blockwise"}},
-     "model.attention_impl='blockwise' is invalid: cannot add the dense T5 relative bias"),
+    (
+        {"model": {"family": "decoder_only", "num_decoder_layers": 2}},
+        "only encoder_decoder models have a separate decoder",
+    ),
+    (
+        {"model": {"position": "relative", "attention_impl": "blockwise"}},
+        "model.attention_impl='blockwise' is invalid: cannot add the dense T5 relative bias",
+    ),
     ({"model": {"dmodel": 64}}, "unknown key model.dmodel \\(did you mean 'd_model'\\?\\)"),
-    ({"model": {"preset": "gpt-2-small"}}, "model.preset='gpt-2-small' is unknown \\(did you mean 'gpt2-small'\\?\\)"),
+    (
+        {"model": {"preset": "gpt-2-small"}},
+        "model.preset='gpt-2-small' is unknown \\(did you mean 'gpt2-small'\\?\\)",
+    ),
     ({"optim": {"schedule": "cosin"}}, "optim.schedule='cosin' is invalid: must be one of"),
     ({"optim": {"learning_rate": -1e-3}}, "optim.learning_rate=-0.001 is invalid: must be > 0"),
     ({"optim": {"b2": 1.0}}, r"optim.b2=1.0 is invalid: must be in \[0, 1\)"),
     ({"train": {"steps": 0}}, "train.steps=0 is invalid: must be > 0"),
-    ({"train": {"best_metric": "accuracy"}},
-     "train.best_metric='accuracy' is invalid: must be one of exact_match, token_accuracy"),
-    ({"data": {"batch_size": 10}, "optim": {"grad_accum_steps": 4}},
-     "data.batch_size=10 is invalid: must be divisible by optim.grad_accum_steps=4"),
+    (
+        {"train": {"best_metric": "accuracy"}},
+        "train.best_metric='accuracy' is invalid: must be one of exact_match, token_accuracy",
+    ),
+    (
+        {"data": {"batch_size": 10}, "optim": {"grad_accum_steps": 4}},
+        "data.batch_size=10 is invalid: must be divisible by optim.grad_accum_steps=4",
+    ),
     ({"data": {"batch_size": True}}, "data.batch_size=True is invalid: must be int"),
     ({"trian": {"steps": 3}}, r"unknown section \[trian\] \(did you mean 'train'\?\)"),
 ]
@@ -53,7 +74,8 @@ def test_bad_config_gives_one_line(raw, message):
 
 def test_load_toml_with_preset_and_overrides(tmp_path):
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         [model]
         preset = "tiny-llama"
         num_layers = 3
@@ -62,9 +84,18 @@ def test_load_toml_with_preset_and_overrides(tmp_path):
         [data]
         task = "sort"
         task_params = { max_len = 6 }
-    """))
-    exp = C.load(path, ["model.d_model=128", "model.window=none", "optim.schedule=wsd",
-                        "data.task_params.min_len=2", "train.workdir=\"/tmp/x\""])
+    """)
+    )
+    exp = C.load(
+        path,
+        [
+            "model.d_model=128",
+            "model.window=none",
+            "optim.schedule=wsd",
+            "data.task_params.min_len=2",
+            'train.workdir="/tmp/x"',
+        ],
+    )
     assert exp.name == "exp"
     assert (exp.model.family, exp.model.position, exp.model.kv_heads) == ("decoder_only", "rope", 2)
     assert exp.model.num_layers == 3 and exp.model.d_model == 128 and exp.model.window is None
@@ -84,10 +115,13 @@ def test_diff_is_readable():
     assert C.diff(a, b) == ["model.d_model: 64 != 128"]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.d_model", "must look like section.key=value"),
-    ("d_model=3", "must look like section.key=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.d_model", "must look like section.key=value"),
+        ("d_model=3", "must look like section.key=value"),
+    ],
+)
 def test_bad_overrides(override, message):
     with pytest.raises(C.ConfigError, match=message):
         C.apply_overrides({}, [override])
@@ -104,7 +138,7 @@ def test_missing_file_and_bad_toml(tmp_path):
 
 def test_a_config_file_is_never_executed(tmp_path):
     path = tmp_path / "evil.toml"
-    path.write_text('[model]\nfamily = "__import__(\'os\').system(\'touch pwned\')"\n')
+    path.write_text("[model]\nfamily = \"__import__('os').system('touch pwned')\"\n")
     with pytest.raises(C.ConfigError, match="model.family="):
         C.load(path)
     assert not (tmp_path / "pwned").exists()
@@ -113,14 +147,23 @@ def test_a_config_file_is_never_executed(tmp_path):
 MODEL = C.ModelConfig(family="decoder_only", vocab_size=10, position="learned", max_len=8)
 
 
-@pytest.mark.parametrize("batch, message", [
-    ({"tokens": np.array([[1, 2, 10]])}, r"token id 10 at index \[0, 2\] outside the vocabulary \[0, 10\)"),
-    ({"tokens": np.array([[1, -1, 3]])}, r"token id -1 at index \[0, 1\]"),
-    ({"tokens": np.ones((1, 9), np.int32)}, "length 9 but the model takes at most model.max_len=8"),
-    ({"tokens": np.ones((1, 3), np.float32)}, "must be integer token ids"),
-    ({"inputs": np.ones((1, 3), np.int32)}, "needs key 'tokens'"),
-    ({"tokens": np.ones(3, np.int32)}, r"must be \[batch, length\]"),
-])
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        (
+            {"tokens": np.array([[1, 2, 10]])},
+            r"token id 10 at index \[0, 2\] outside the vocabulary \[0, 10\)",
+        ),
+        ({"tokens": np.array([[1, -1, 3]])}, r"token id -1 at index \[0, 1\]"),
+        (
+            {"tokens": np.ones((1, 9), np.int32)},
+            "length 9 but the model takes at most model.max_len=8",
+        ),
+        ({"tokens": np.ones((1, 3), np.float32)}, "must be integer token ids"),
+        ({"inputs": np.ones((1, 3), np.int32)}, "needs key 'tokens'"),
+        ({"tokens": np.ones(3, np.int32)}, r"must be \[batch, length\]"),
+    ],
+)
 def test_bad_batches_are_one_line(batch, message):
     with pytest.raises(InputError, match=message):
         build(MODEL).check_batch(batch)
@@ -131,19 +174,22 @@ def test_good_batch_passes_and_max_len_holds_for_every_position_encoding():
     for position in ("sinusoidal", "rope", "alibi", "relative", "none"):
         model = build(dataclasses.replace(MODEL, position=position))
         model.check_batch({"tokens": np.ones((1, 8), np.int32)})
-        with pytest.raises(InputError, match="length 9 but the model takes at most model.max_len=8"):
+        with pytest.raises(
+            InputError, match="length 9 but the model takes at most model.max_len=8"
+        ):
             model.check_batch({"tokens": np.ones((1, 9), np.int32)})
 
 
 @pytest.mark.parametrize("family", ["decoder_only", "encoder_decoder", "encoder_only"])
 def test_eager_apply_refuses_token_ids_outside_the_vocabulary(family):
     """JAX clamps out-of-range gathers; an eager apply with concrete ids checks them first."""
-    model = build(C.ModelConfig(family=family, vocab_size=10, d_model=8, num_heads=2, d_ff=8,
-                                num_layers=1))
+    model = build(
+        C.ModelConfig(family=family, vocab_size=10, d_model=8, num_heads=2, d_ff=8, num_layers=1)
+    )
     batch = model.dummy_batch(1, 4)
     params = model.init(jax.random.key(0), batch)
     key = model.token_keys[-1]
     bad = dict(batch, **{key: batch[key].at[0, 2].set(10)})
     with pytest.raises(InputError, match=rf"{key} has token id 10 at index \[0, 2\] outside"):
         model.apply(params, bad)
-    jax.jit(model.apply)(params, bad)      # under jit the host-side check_batch is the check
+    jax.jit(model.apply)(params, bad)  # under jit the host-side check_batch is the check

@@ -1,4 +1,5 @@
 """Every experiment in configs/ loads, builds, and trains one step (shrunk by overrides)."""
+
 from pathlib import Path
 
 import jax
@@ -11,8 +12,16 @@ from tfmjax.train.loop import build_run
 from tfmjax.train.state import abstract_state, create_state
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
-TINY = ["model.d_model=16", "model.num_heads=2", "model.d_ff=32", "model.num_layers=1",
-        "data.batch_size=4", "data.eval_examples=4", "train.steps=100", "optim.warmup_steps=1"]
+TINY = [
+    "model.d_model=16",
+    "model.num_heads=2",
+    "model.d_ff=32",
+    "model.num_layers=1",
+    "data.batch_size=4",
+    "data.eval_examples=4",
+    "train.steps=100",
+    "optim.warmup_steps=1",
+]
 
 
 def test_every_task_has_both_families():
@@ -26,8 +35,10 @@ def test_config_loads_builds_and_traces_a_step(path):
     """Fast: the full config is valid; the shrunk one builds and its step traces (no compile)."""
     assert "# measured:" in path.read_text(), f"{path.name}: state the measured accuracy and time"
     full = load(path)
-    assert full.model.family == ("decoder_only" if path.stem.endswith("_decoder") else "encoder_decoder")
-    run = build_run(full)                       # checks vocab, batch split, schedule, eval batches
+    assert full.model.family == (
+        "decoder_only" if path.stem.endswith("_decoder") else "encoder_decoder"
+    )
+    run = build_run(full)  # checks vocab, batch split, schedule, eval batches
     state = abstract_state(run.model, run.tx, run.batch(0), full.train.seed)
     out_state, metrics = jax.eval_shape(run.train_step, state, run.batch(0))
     assert out_state.step.shape == () and metrics["loss"].shape == ()

@@ -1,11 +1,13 @@
 """Every command-line entry point has a working --help; the config explainer and preset rule."""
+
 import importlib.util
 from pathlib import Path
 
 import pytest
 
 from tfmjax import explain, generate, summary
-from tfmjax.config import FIELD_HELP, SECTIONS, load
+from tfmjax.config import SECTIONS, load
+from tfmjax.field_help import FIELD_HELP
 from tfmjax.train import plots
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,9 +20,14 @@ def _script(name: str):
     return module
 
 
-ENTRY_POINTS = {"train.py": lambda: _script("train").main, "eval.py": lambda: _script("eval").main,
-                "tfmjax.generate": lambda: generate.main, "tfmjax.summary": lambda: summary.main,
-                "tfmjax.train.plots": lambda: plots.main, "tfmjax.explain": lambda: explain.main}
+ENTRY_POINTS = {
+    "train.py": lambda: _script("train").main,
+    "eval.py": lambda: _script("eval").main,
+    "tfmjax.generate": lambda: generate.main,
+    "tfmjax.summary": lambda: summary.main,
+    "tfmjax.train.plots": lambda: plots.main,
+    "tfmjax.explain": lambda: explain.main,
+}
 
 
 @pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
@@ -34,6 +41,7 @@ def test_help_exits_zero_and_describes_usage(name, capsys):
 
 def test_every_config_key_has_help():
     import dataclasses
+
     keys = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
     assert keys == set(FIELD_HELP)
     assert all(FIELD_HELP[k] for k in keys)
@@ -42,7 +50,7 @@ def test_every_config_key_has_help():
 def test_explain_lists_keys_tasks_and_presets(capsys):
     assert explain.main([str(ROOT / "configs/reverse.toml"), "train.steps=7"]) == 0
     out = capsys.readouterr().out
-    assert "train.steps" in out and " 7 " in out            # the value this config uses
+    assert "train.steps" in out and " 7 " in out  # the value this config uses
     assert "associative_recall" in out and "gpt2-small" in out
     assert explain.main(["no/such.toml"]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -52,13 +60,14 @@ def test_preset_override_replaces_the_files_model_keys():
     path = ROOT / "configs/reverse.toml"
     gpt2 = load(path, ["model.preset=gpt2-small"]).model
     assert (gpt2.d_model, gpt2.num_layers, gpt2.vocab_size) == (768, 12, 50257)
-    assert summary.count_params(gpt2) == 124_439_808           # GPT-2 small, as published
+    assert summary.count_params(gpt2) == 124_439_808  # GPT-2 small, as published
     tweaked = load(path, ["model.preset=gpt2-small", "model.num_layers=2"]).model
     assert (tweaked.d_model, tweaked.num_layers) == (768, 2)  # the command line still applies
-    assert load(path).model.d_model != 768                     # without the override: the file
+    assert load(path).model.d_model != 768  # without the override: the file
 
 
 def test_a_directory_is_not_a_config(tmp_path):
     from tfmjax.config import ConfigError
+
     with pytest.raises(ConfigError, match="is a directory; pass a TOML file"):
         load(tmp_path)

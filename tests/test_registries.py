@@ -1,4 +1,5 @@
 """Each enumeration has one source (tfmjax.config); the registries that implement it agree."""
+
 import re
 from pathlib import Path
 
@@ -33,8 +34,7 @@ def test_attention_impls_are_the_configs_impls():
 def test_every_configured_schedule_is_built():
     assert schedules.SCHEDULE_NAMES == C.SCHEDULES
     for name in C.SCHEDULES:
-        fn = schedules.make_schedule(name, peak_lr=1.0, warmup_steps=2, total_steps=10,
-                                     d_model=16)
+        fn = schedules.make_schedule(name, peak_lr=1.0, warmup_steps=2, total_steps=10, d_model=16)
         assert np.isfinite(float(fn(5)))
 
 
@@ -51,10 +51,12 @@ def test_window_sums_are_the_step_sums():
 
 
 def test_best_metric_choices_are_evaluator_metrics():
-    cfg = C.ModelConfig(family="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32,
-                        num_layers=1)
-    evaluator = Evaluator(cfg, make_task("copy", num_symbols=5, max_len=4), batch_size=4,
-                          num_examples=4)
+    cfg = C.ModelConfig(
+        family="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_layers=1
+    )
+    evaluator = Evaluator(
+        cfg, make_task("copy", num_symbols=5, max_len=4), batch_size=4, num_examples=4
+    )
     params = evaluator.model.init(jax.random.key(0), evaluator.batches[0])
     metrics, _ = evaluator(params)
     assert set(C.EVAL_METRICS) <= set(metrics)
@@ -63,8 +65,10 @@ def test_best_metric_choices_are_evaluator_metrics():
 
 def test_no_family_names_compared_outside_models_and_config():
     """Code outside models/ asks the model (tfmjax.models.family), never its family name."""
-    pattern = re.compile(r"family\s*(==|!=|\bin\b|\bnot in\b)|(==|!=)\s*['\"](encoder_decoder|"
-                         r"decoder_only|encoder_only)['\"]")
+    pattern = re.compile(
+        r"family\s*(==|!=|\bin\b|\bnot in\b)|(==|!=)\s*['\"](encoder_decoder|"
+        r"decoder_only|encoder_only)['\"]"
+    )
     offenders = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()

@@ -1,4 +1,5 @@
 """The parameter table: every module's rows add up to the total, and the CLI prints it."""
+
 import re
 
 from tfmjax.models import get_preset
@@ -8,7 +9,9 @@ from tfmjax.summary import count_params, main, summarize
 def test_rows_add_up_to_total():
     config = get_preset("tiny-llama")
     table = summarize(config)
-    counts = [int(m.group(1).replace(",", "")) for m in re.finditer(r"^\S+\s+([\d,]+)\s", table, re.M)]
+    counts = [
+        int(m.group(1).replace(",", "")) for m in re.finditer(r"^\S+\s+([\d,]+)\s", table, re.M)
+    ]
     assert counts[-1] == count_params(config) == sum(counts[:-1])
     assert "decoder/layers/attention" in table and "(2, 64, 2, 16)" in table  # [L, D, K, H]
 

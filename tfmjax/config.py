@@ -4,6 +4,7 @@
 executed. Every field is validated in ``__post_init__``; a bad value raises
 :class:`ConfigError` with one line naming the field, the value and what is valid.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,7 @@ ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 ATTENTION_IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
-EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity")   # train.best_metric
+EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity")  # train.best_metric
 LOWER_IS_BETTER = ("loss", "perplexity")
 # Each enumeration above is the one list of names; the registries that implement them
 # (tfmjax.models.FAMILIES, tfmjax.kernels.IMPLS, tfmjax.train.schedules, the evaluator's
@@ -63,8 +64,11 @@ def _check_types(section: str, obj: Any) -> None:
         if float in allowed and isinstance(value, int) and not isinstance(value, bool):
             object.__setattr__(obj, f.name, float(value))
             continue
-        ok = any(isinstance(value, t) and not (t is int and isinstance(value, bool))
-                 for t in allowed if t is not type(None))
+        ok = any(
+            isinstance(value, t) and not (t is int and isinstance(value, bool))
+            for t in allowed
+            if t is not type(None)
+        )
         names = " or ".join("none" if t is type(None) else t.__name__ for t in allowed)
         _require(ok, f"{section}.{f.name}", value, f"must be {names}")
 
@@ -72,6 +76,7 @@ def _check_types(section: str, obj: Any) -> None:
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture. Only ``tfmjax/models/`` reads this."""
+
     family: str = "encoder_decoder"
     vocab_size: int = 32
     d_model: int = 64
@@ -110,31 +115,72 @@ class ModelConfig:
         _one_of("model.activation", self.activation, ACTIVATIONS)
         _one_of("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _one_of("model.dtype", self.dtype, DTYPES)
-        _positive("model", self, "vocab_size", "d_model", "num_heads", "num_kv_heads", "head_dim",
-                  "d_ff", "num_layers", "num_decoder_layers", "max_len", "rope_base",
-                  "relative_buckets", "relative_max_distance", "norm_eps")
+        _positive(
+            "model",
+            self,
+            "vocab_size",
+            "d_model",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "d_ff",
+            "num_layers",
+            "num_decoder_layers",
+            "max_len",
+            "rope_base",
+            "relative_buckets",
+            "relative_max_distance",
+            "norm_eps",
+        )
         if self.head_dim is None:
-            _require(self.d_model % self.num_heads == 0, "model.d_model", self.d_model,
-                     f"must be divisible by model.num_heads={self.num_heads} "
-                     "(or set model.head_dim)")
-        _require(self.num_heads % self.kv_heads == 0, "model.num_heads", self.num_heads,
-                 f"must be divisible by model.num_kv_heads={self.kv_heads}")
+            _require(
+                self.d_model % self.num_heads == 0,
+                "model.d_model",
+                self.d_model,
+                f"must be divisible by model.num_heads={self.num_heads} (or set model.head_dim)",
+            )
+        _require(
+            self.num_heads % self.kv_heads == 0,
+            "model.num_heads",
+            self.num_heads,
+            f"must be divisible by model.num_kv_heads={self.kv_heads}",
+        )
         if self.position == "rope":
-            _require(self.head_width % 2 == 0, "model.head_dim", self.head_width,
-                     "RoPE rotates pairs of features, so the head width must be even")
+            _require(
+                self.head_width % 2 == 0,
+                "model.head_dim",
+                self.head_width,
+                "RoPE rotates pairs of features, so the head width must be even",
+            )
         if self.position == "relative":
-            _require(self.attention_impl in ("auto", "xla", "reference"), "model.attention_impl",
-                     self.attention_impl, "cannot add the dense T5 relative bias of "
-                     "model.position='relative': use 'auto', 'xla' or 'reference'")
-        _require(0.0 <= self.dropout_rate < 1.0, "model.dropout_rate", self.dropout_rate,
-                 "must be in [0, 1)")
+            _require(
+                self.attention_impl in ("auto", "xla", "reference"),
+                "model.attention_impl",
+                self.attention_impl,
+                "cannot add the dense T5 relative bias of "
+                "model.position='relative': use 'auto', 'xla' or 'reference'",
+            )
+        _require(
+            0.0 <= self.dropout_rate < 1.0,
+            "model.dropout_rate",
+            self.dropout_rate,
+            "must be in [0, 1)",
+        )
         if self.window is not None:
             _require(self.window >= 0, "model.window", self.window, "must be >= 0 or none")
-        _require(0 <= self.bos_id < self.vocab_size, "model.bos_id", self.bos_id,
-                 f"must be a token id in [0, model.vocab_size={self.vocab_size})")
+        _require(
+            0 <= self.bos_id < self.vocab_size,
+            "model.bos_id",
+            self.bos_id,
+            f"must be a token id in [0, model.vocab_size={self.vocab_size})",
+        )
         if self.family != "encoder_decoder":
-            _require(self.num_decoder_layers is None, "model.num_decoder_layers",
-                     self.num_decoder_layers, "only encoder_decoder models have a separate decoder")
+            _require(
+                self.num_decoder_layers is None,
+                "model.num_decoder_layers",
+                self.num_decoder_layers,
+                "only encoder_decoder models have a separate decoder",
+            )
 
     @property
     def kv_heads(self) -> int:
@@ -152,6 +198,7 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     """Optimiser and learning-rate schedule."""
+
     learning_rate: float = 1e-3
     schedule: str = "cosine"
     warmup_steps: int = 100
@@ -171,8 +218,12 @@ class OptimConfig:
         _positive("optim", self, "learning_rate", "eps", "clip_norm", "grad_accum_steps")
         _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
         _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
-        _require(0 <= self.end_learning_rate, "optim.end_learning_rate", self.end_learning_rate,
-                 "must be >= 0")
+        _require(
+            0 <= self.end_learning_rate,
+            "optim.end_learning_rate",
+            self.end_learning_rate,
+            "must be >= 0",
+        )
         for name in ("b1", "b2", "label_smoothing", "decay_fraction"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"optim.{name}", value, "must be in [0, 1)")
@@ -181,6 +232,7 @@ class OptimConfig:
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Which toy task, its parameters, and the batch size."""
+
     task: str = "reverse"
     task_params: dict = dataclasses.field(default_factory=dict)
     batch_size: int = 64
@@ -194,6 +246,7 @@ class DataConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """The training run: length, seed, where it writes and how often."""
+
     steps: int = 1000
     seed: int = 0
     workdir: str = ""
@@ -206,69 +259,17 @@ class TrainConfig:
 
     def __post_init__(self):
         _check_types("train", self)
-        _positive("train", self, "steps", "log_every", "eval_every", "checkpoint_every",
-                  "keep_checkpoints")
+        _positive(
+            "train",
+            self,
+            "steps",
+            "log_every",
+            "eval_every",
+            "checkpoint_every",
+            "keep_checkpoints",
+        )
         _require(self.seed >= 0, "train.seed", self.seed, "must be >= 0")
         _one_of("train.best_metric", self.best_metric, EVAL_METRICS)
-
-
-# One line of help per config key: ``python -m tfmjax.explain`` prints them with the types
-# and defaults (a test checks that every field has one).
-FIELD_HELP = {
-    "model.family": "encoder_decoder, decoder_only or encoder_only",
-    "model.vocab_size": "token ids are 0 .. vocab_size-1 (0 = PAD, 1 = BOS)",
-    "model.d_model": "width D of the residual stream",
-    "model.num_heads": "query heads N",
-    "model.num_kv_heads": "key/value heads K: none = num_heads (MHA), 1 = MQA, else GQA",
-    "model.head_dim": "head width H; none = d_model // num_heads",
-    "model.d_ff": "feed-forward width F",
-    "model.num_layers": "encoder layers (and decoder layers unless num_decoder_layers is set)",
-    "model.num_decoder_layers": "encoder_decoder only; none = num_layers",
-    "model.max_len": "longest sequence the model accepts (size of a learned position table)",
-    "model.position": "sinusoidal, learned, rope, alibi, relative (T5 buckets) or none",
-    "model.rope_base": "RoPE frequency base",
-    "model.relative_buckets": "T5 relative position buckets",
-    "model.relative_max_distance": "T5 distance beyond which buckets are shared",
-    "model.norm": "layernorm or rmsnorm",
-    "model.norm_position": "pre (norm inside each residual branch) or post (after the sum)",
-    "model.norm_eps": "epsilon of the norms",
-    "model.activation": "feed-forward activation: relu, gelu, swiglu or geglu",
-    "model.use_bias": "biases in the dense layers",
-    "model.tie_embeddings": "the output projection reuses the token embedding",
-    "model.scale_embeddings": "multiply token embeddings by sqrt(d_model)",
-    "model.dropout_rate": "residual dropout: embeddings and every sublayer output",
-    "model.window": "sliding-window attention: past positions a query sees; none = all",
-    "model.attention_impl": "auto, reference, xla, blockwise or pallas",
-    "model.scan_layers": "scan the layer stack (one compiled layer) instead of unrolling it",
-    "model.remat": "recompute activations in the backward pass to save memory",
-    "model.dtype": "compute dtype (float32 or bfloat16); parameters stay float32",
-    "model.bos_id": "the id decoders are fed first",
-    "optim.learning_rate": "peak learning rate (inverse_sqrt: a multiplier, 1.0 = the paper)",
-    "optim.schedule": "inverse_sqrt, cosine, linear, constant or wsd, all with linear warmup",
-    "optim.warmup_steps": "steps of linear warmup from 0",
-    "optim.end_learning_rate": "where cosine, linear and wsd end",
-    "optim.decay_fraction": "wsd: share of the steps spent decaying",
-    "optim.weight_decay": "AdamW decoupled weight decay (not on norms, biases, embeddings)",
-    "optim.b1": "Adam beta1",
-    "optim.b2": "Adam beta2",
-    "optim.eps": "Adam epsilon",
-    "optim.clip_norm": "global gradient-norm clipping; none = off",
-    "optim.grad_accum_steps": "micro-batches per step (data.batch_size must divide by it)",
-    "optim.label_smoothing": "label smoothing of the training loss",
-    "data.task": "toy task name (python -m tfmjax.explain lists them)",
-    "data.task_params": "the task's parameters, e.g. {max_len = 8}",
-    "data.batch_size": "examples per training step",
-    "data.eval_examples": "examples in each evaluation",
-    "train.steps": "optimizer updates in the whole run",
-    "train.seed": "initialisation, dropout and the training batches",
-    "train.workdir": "where checkpoints and logs go; empty = runs/<config name>",
-    "train.log_every": "steps between metric records",
-    "train.eval_every": "steps between evaluations",
-    "train.checkpoint_every": "steps between checkpoints",
-    "train.keep_checkpoints": "newest checkpoints kept (the best one is kept too)",
-    "train.best_metric": "eval metric that picks the best checkpoint",
-    "train.tensorboard": "also write TensorBoard event files",
-}
 
 
 SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "data": DataConfig, "train": TrainConfig}
@@ -277,6 +278,7 @@ SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "data": DataConfig, "tra
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     """Everything one run needs: its name and the four sections."""
+
     name: str = "experiment"
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
@@ -285,9 +287,13 @@ class Experiment:
 
     def __post_init__(self):
         k = self.optim.grad_accum_steps
-        _require(self.data.batch_size % k == 0, "data.batch_size", self.data.batch_size,
-                 f"must be divisible by optim.grad_accum_steps={k} (each step splits the batch "
-                 "in k micro-batches)")
+        _require(
+            self.data.batch_size % k == 0,
+            "data.batch_size",
+            self.data.batch_size,
+            f"must be divisible by optim.grad_accum_steps={k} (each step splits the batch "
+            "in k micro-batches)",
+        )
 
     @property
     def workdir(self) -> str:
@@ -328,8 +334,10 @@ def _build_section(section: str, values: dict) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     for key in values:
         if key not in names:
-            raise ConfigError(f"unknown key {section}.{key}{_suggest(key, names)}; "
-                              f"valid keys: {', '.join(sorted(names))}")
+            raise ConfigError(
+                f"unknown key {section}.{key}{_suggest(key, names)}; "
+                f"valid keys: {', '.join(sorted(names))}"
+            )
     return dataclasses.replace(base, **values)
 
 
@@ -339,8 +347,10 @@ def from_dict(raw: dict, name: str = "experiment") -> Experiment:
     name = raw.pop("name", name)
     for key in raw:
         if key not in SECTIONS:
-            raise ConfigError(f"unknown section [{key}]{_suggest(key, SECTIONS)}; "
-                              f"valid sections: {', '.join(SECTIONS)}")
+            raise ConfigError(
+                f"unknown section [{key}]{_suggest(key, SECTIONS)}; "
+                f"valid sections: {', '.join(SECTIONS)}"
+            )
         if not isinstance(raw[key], dict):
             raise ConfigError(f"[{key}] must be a table of key = value lines, got {raw[key]!r}")
     sections = {key: _build_section(key, raw.get(key, {})) for key in SECTIONS}
@@ -348,7 +358,7 @@ def from_dict(raw: dict, name: str = "experiment") -> Experiment:
 
 
 def parse_value(text: str) -> Any:
-    """A TOML value (``3``, ``1e-3``, ``true``, ``"s"``), ``none`` for None, else the bare string."""
+    """A TOML value (``3``, ``1e-3``, ``true``, ``"s"``), ``none`` for None, else the string."""
     if text.strip().lower() in ("none", "null"):
         return None
     try:
@@ -364,8 +374,9 @@ def apply_overrides(raw: dict, overrides) -> dict:
         path, sep, text = item.partition("=")
         keys = path.strip().split(".")
         if not sep or len(keys) < 2 or not all(keys):
-            raise ConfigError(f"override {item!r} must look like section.key=value, "
-                              "for example model.d_model=128")
+            raise ConfigError(
+                f"override {item!r} must look like section.key=value, for example model.d_model=128"
+            )
         node = raw
         for key in keys[:-1]:
             node = node.setdefault(key, {})
@@ -384,8 +395,9 @@ def load(path: str | Path, overrides=()) -> Experiment:
     """
     path = Path(path)
     if path.is_dir():
-        raise ConfigError(f"config {str(path)!r} is a directory; pass a TOML file such as "
-                          "configs/reverse.toml")
+        raise ConfigError(
+            f"config {str(path)!r} is a directory; pass a TOML file such as configs/reverse.toml"
+        )
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist; see configs/ for examples")
     try:
@@ -397,24 +409,34 @@ def load(path: str | Path, overrides=()) -> Experiment:
     return from_dict(apply_overrides(raw, overrides), name=path.stem)
 
 
-def diff(a: Experiment | dict, b: Experiment | dict, sections=("model",),
-         labels: tuple[str, str] | None = None) -> list[str]:
-    """Readable ``section.key: a != b`` lines for the fields that differ (nested keys flattened).
-
-    ``labels=("checkpoint", "now")`` names the sides: ``model.d_model: 64 (checkpoint) != 128
-    (now)``. A key present on one side only shows ``<missing>`` on the other.
-    """
+def changes(a: Experiment | dict, b: Experiment | dict, sections=tuple(SECTIONS)) -> list:
+    """``(key, value in a, value in b)`` for every field that differs, nested keys flattened
+    (``data.task_params.max_len``); a key present on one side only has ``<missing>``."""
     a = a.to_dict() if isinstance(a, Experiment) else a
     b = b.to_dict() if isinstance(b, Experiment) else b
-    left, right = (f" ({labels[0]})", f" ({labels[1]})") if labels else ("", "")
-    lines = []
+    out = []
     for section in sections:
         fa, fb = _flatten(a.get(section, {}), section), _flatten(b.get(section, {}), section)
         for key in sorted(set(fa) | set(fb)):
             va, vb = fa.get(key, _MISSING), fb.get(key, _MISSING)
             if va != vb:
-                lines.append(f"{key}: {va!r}{left} != {vb!r}{right}")
-    return lines
+                out.append((key, va, vb))
+    return out
+
+
+def diff(
+    a: Experiment | dict,
+    b: Experiment | dict,
+    sections=("model",),
+    labels: tuple[str, str] | None = None,
+) -> list[str]:
+    """Readable ``section.key: a != b`` lines for the fields that differ (see :func:`changes`).
+
+    ``labels=("checkpoint", "now")`` names the sides: ``model.d_model: 64 (checkpoint) != 128
+    (now)``.
+    """
+    left, right = (f" ({labels[0]})", f" ({labels[1]})") if labels else ("", "")
+    return [f"{key}: {va!r}{left} != {vb!r}{right}" for key, va, vb in changes(a, b, sections)]
 
 
 class _Missing:

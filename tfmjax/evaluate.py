@@ -4,8 +4,10 @@ What ``eval.py`` runs: load the params and config a checkpoint holds (the step a
 loaded is the one reported), rebuild the task and score it with
 :class:`tfmjax.evaluator.Evaluator`.
 """
+
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tfmjax.evaluator import NUM_ROWS, Evaluator
@@ -20,19 +22,26 @@ def _workdir(path: Path) -> Path:
     return path
 
 
-def evaluate_checkpoint(path: str | Path, *, split: str = "eval", num_examples: int | None = None,
-                        batch_size: int | None = None, num_rows: int = NUM_ROWS,
-                        strategy=None, decode_seed: int = 0) -> dict:
+def evaluate_checkpoint(
+    path: str | Path,
+    *,
+    split: str = "eval",
+    num_examples: int | None = None,
+    batch_size: int | None = None,
+    num_rows: int = NUM_ROWS,
+    strategy=None,
+    decode_seed: int = 0,
+) -> dict:
     """Evaluate the params of a checkpoint (a workdir, its ``checkpoints`` dir or a step dir).
 
     ``strategy`` decodes the answers (default ``Greedy()``; see :class:`Evaluator`).
     The config comes from the checkpoint. Raises CheckpointError (missing, corrupt) or
     ConfigError (a config, split or size that does not fit), each with a one-line message.
     """
+    from tfmjax.checkpoint import load_for_inference
     from tfmjax.config import ConfigError, from_dict
     from tfmjax.data import make_task
     from tfmjax.models.checks import InputError
-    from tfmjax.checkpoint import load_for_inference
 
     path = Path(path)
     config, params, step = load_for_inference(path)
@@ -41,33 +50,88 @@ def evaluate_checkpoint(path: str | Path, *, split: str = "eval", num_examples: 
     data = experiment.data
     try:
         task = make_task(data.task, **data.task_params)
-        evaluator = Evaluator(experiment.model, task, batch_size=batch_size or data.batch_size,
-                              num_examples=num_examples or data.eval_examples, split=split,
-                              strategy=strategy, decode_seed=decode_seed)
+        evaluator = Evaluator(
+            experiment.model,
+            task,
+            batch_size=batch_size or data.batch_size,
+            num_examples=num_examples or data.eval_examples,
+            split=split,
+            strategy=strategy,
+            decode_seed=decode_seed,
+        )
     except (ValueError, InputError) as err:
         raise ConfigError(str(err)) from None
     metrics, rows = evaluator(params, num_rows=num_rows)
-    return {"checkpoint": str(path), "workdir": str(workdir),
-            "step": step,
-            "experiment": experiment.name, "family": experiment.model.family, "task": data.task,
-            "split": split, "decode": repr(evaluator.strategy), **metrics, "examples": rows}
+    return {
+        "checkpoint": str(path),
+        "workdir": str(workdir),
+        "step": step,
+        "experiment": experiment.name,
+        "family": experiment.model.family,
+        "task": data.task,
+        "split": split,
+        "decode": repr(evaluator.strategy),
+        **metrics,
+        "examples": rows,
+    }
 
 
 def format_report(report: dict) -> str:
     """A printable table: the metrics, then a few input / prediction / target rows."""
-    lines = [f"checkpoint      {report['checkpoint']} (step {report['step']})",
-             f"model / task    {report['family']} / {report['task']}",
-             f"split           {report['split']} ({report['num_examples']} examples)",
-             f"decode          {report['decode']}"]
+    lines = [
+        f"checkpoint      {report['checkpoint']} (step {report['step']})",
+        f"model / task    {report['family']} / {report['task']}",
+        f"split           {report['split']} ({report['num_examples']} examples)",
+        f"decode          {report['decode']}",
+    ]
     for key in ("loss", "perplexity", "token_accuracy", "exact_match"):
         lines.append(f"{key:<15} {report[key]:.4f}")
     rows = report["examples"]
     if rows:
-        width = {k: min(40, max(len(k), *(len(r[k]) for r in rows)))
-                 for k in ("input", "prediction", "target")}
+        width = {
+            k: min(40, max(len(k), *(len(r[k]) for r in rows)))
+            for k in ("input", "prediction", "target")
+        }
         header = "  ".join(f"{k:<{width[k]}}" for k in width)
         lines += ["", header + "  ok", "-" * (len(header) + 4)]
         for r in rows:
-            cells = "  ".join(f"{r[k][:width[k]]:<{width[k]}}" for k in width)
+            cells = "  ".join(f"{r[k][: width[k]]:<{width[k]}}" for k in width)
             lines.append(f"{cells}  {'yes' if r['correct'] else 'NO'}")
     return "\n".join(lines)
+
+
+def report_paths(report: dict) -> tuple[Path, Path]:
+    """``(WORKDIR/eval/step_N[_SPLIT].json, WORKDIR/eval.json)`` for a report."""
+    split = "" if report["split"] == "eval" else f"_{report['split']}"
+    workdir = Path(report["workdir"])
+    return workdir / "eval" / f"step_{report['step']}{split}.json", workdir / "eval.json"
+
+
+def write_report(report: dict, out: str | Path | None = None) -> list[Path]:
+    """Write ``report`` as JSON; returns the files written.
+
+    ``out`` given: that file only. Otherwise one file per evaluated step
+    (``eval/step_N.json``, ``eval/step_N_length.json`` for another split), and ``eval.json``
+    too when this is the newest step evaluated on the eval split, so evaluating an older
+    step never replaces the final model's report.
+    """
+    text = json.dumps(report, indent=2) + "\n"
+    if out is not None:
+        Path(out).write_text(text)
+        return [Path(out)]
+    per_step, latest = report_paths(report)
+    per_step.parent.mkdir(parents=True, exist_ok=True)
+    per_step.write_text(text)
+    written = [per_step]
+    if report["split"] == "eval" and report["step"] >= _step_of(latest):
+        latest.write_text(text)
+        written.append(latest)
+    return written
+
+
+def _step_of(path: Path) -> int:
+    """The step a report file names (-1 when there is none or it cannot be read)."""
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1

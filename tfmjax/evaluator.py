@@ -12,6 +12,7 @@ Metrics (over exactly ``num_examples`` examples):
 Decoding is KV-cached :func:`tfmjax.decode.generate` with a strategy (greedy by default;
 beam search or sampling from ``eval.py --decode``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,7 +29,7 @@ from tfmjax.losses import cross_entropy, token_accuracy
 from tfmjax.models import build
 
 EVAL_SEED = 0  # the eval stream is the same for every run (train.seed changes only training)
-NUM_ROWS = 5   # example rows kept for reports
+NUM_ROWS = 5  # example rows kept for reports
 
 
 def row_sums(model, params, batch: dict) -> dict:
@@ -40,11 +41,12 @@ def row_sums(model, params, batch: dict) -> dict:
         nll, tokens = cross_entropy(lg[None], tg[None], mk[None])
         correct, _ = token_accuracy(lg[None], tg[None], mk[None])
         return {"nll": nll, "tokens": tokens, "correct": correct}
+
     return jax.vmap(one)(logits, targets, mask)
 
 
 def ids_to_text(vocab, ids) -> str:
-    """``vocab.decode``, but ids past the task vocabulary (model vocab is larger) show as ``?ID``."""
+    """``vocab.decode``, but ids past the task vocabulary (a larger model vocab) show as ``?ID``."""
     words = []
     for i in (int(i) for i in ids):
         if i == EOS_ID:
@@ -53,15 +55,21 @@ def ids_to_text(vocab, ids) -> str:
     return " ".join(w for w in words if w)
 
 
-def decode_rows(model, task, batch: dict, predictions: np.ndarray, exact: np.ndarray,
-                n: int) -> list[dict]:
+def decode_rows(
+    model, task, batch: dict, predictions: np.ndarray, exact: np.ndarray, n: int
+) -> list[dict]:
     """The first ``n`` rows as text: input, prediction and target through the task vocab."""
     vocab, rows = task.vocab, []
     for i in range(min(n, predictions.shape[0])):
         source, target = model.source_and_target(batch, i)
-        rows.append({"input": ids_to_text(vocab, source),
-                     "prediction": ids_to_text(vocab, predictions[i]),
-                     "target": ids_to_text(vocab, target), "correct": bool(exact[i])})
+        rows.append(
+            {
+                "input": ids_to_text(vocab, source),
+                "prediction": ids_to_text(vocab, predictions[i]),
+                "target": ids_to_text(vocab, target),
+                "correct": bool(exact[i]),
+            }
+        )
     return rows
 
 
@@ -72,20 +80,36 @@ class Evaluator:
     strategies (batch ``i`` uses ``fold_in(key(decode_seed), i)``).
     """
 
-    def __init__(self, model_config, task, *, batch_size: int, num_examples: int,
-                 split: str = "eval", seed: int = EVAL_SEED, strategy=None, decode_seed: int = 0):
+    def __init__(
+        self,
+        model_config,
+        task,
+        *,
+        batch_size: int,
+        num_examples: int,
+        split: str = "eval",
+        seed: int = EVAL_SEED,
+        strategy=None,
+        decode_seed: int = 0,
+    ):
         self.model = model = build(model_config, deterministic=True)
         self.task, self.split = task, split
         self.num_examples = num_examples
         self.strategy = Greedy() if strategy is None else strategy
         self.decode_key = jax.random.key(decode_seed)
-        self.batches = eval_batches(task, batch_format=model.batch_format, batch_size=batch_size,
-                                    num_examples=num_examples, seed=seed, split=split)
+        self.batches = eval_batches(
+            task,
+            batch_format=model.batch_format,
+            batch_size=batch_size,
+            num_examples=num_examples,
+            seed=seed,
+            split=split,
+        )
         self.max_new_tokens = task.max_target_len(split) + 1  # + EOS
         # Fixed per batch, so computed once: what is decoded and what it must equal.
         self.prompts = [model.eval_prompts(batch) for batch in self.batches]
         self.answers = [model.eval_answers(batch, self.max_new_tokens) for batch in self.batches]
-        for batch, prompts in zip(self.batches, self.prompts):
+        for batch, prompts in zip(self.batches, self.prompts, strict=True):
             model.check_batch(batch)
             checked_prompts(model, prompts, self.max_new_tokens)
         self._row_sums = jax.jit(functools.partial(row_sums, model))
@@ -94,7 +118,7 @@ class Evaluator:
         start = time.perf_counter()
         sums = {"nll": 0.0, "tokens": 0.0, "correct": 0.0, "exact": 0}
         left, rows = self.num_examples, []
-        for i, (batch, prompts) in enumerate(zip(self.batches, self.prompts)):
+        for i, (batch, prompts) in enumerate(zip(self.batches, self.prompts, strict=True)):
             n = min(left, len(prompts))
             per_row = jax.device_get(self._row_sums(params, batch))
             predictions = self.predict(params, prompts, jax.random.fold_in(self.decode_key, i))
@@ -104,8 +128,9 @@ class Evaluator:
                 sums[key] += float(np.sum(per_row[key][:n], dtype=np.float64))
             sums["exact"] += int(exact[:n].sum())
             if len(rows) < num_rows:
-                rows += decode_rows(self.model, self.task, batch, predictions, exact,
-                                    min(n, num_rows - len(rows)))
+                rows += decode_rows(
+                    self.model, self.task, batch, predictions, exact, min(n, num_rows - len(rows))
+                )
             left -= n
         return self._metrics(sums, time.perf_counter() - start), rows
 
@@ -118,7 +143,11 @@ class Evaluator:
     def _metrics(self, sums: dict, seconds: float) -> dict:
         tokens = max(sums["tokens"], 1.0)
         loss = sums["nll"] / tokens
-        return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)),
-                "token_accuracy": sums["correct"] / tokens,
-                "exact_match": sums["exact"] / self.num_examples,
-                "num_examples": self.num_examples, "timing": {"eval_sec": seconds}}
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 80.0)),
+            "token_accuracy": sums["correct"] / tokens,
+            "exact_match": sums["exact"] / self.num_examples,
+            "num_examples": self.num_examples,
+            "timing": {"eval_sec": seconds},
+        }

@@ -1,9 +1,10 @@
 """Every config key with its type, value and help; the tasks and the presets.
 
-    python -m tfmjax.explain                          # the defaults
-    python -m tfmjax.explain configs/reverse.toml     # the values this experiment uses
-    python -m tfmjax.explain configs/reverse.toml model.preset=gpt2-small
+python -m tfmjax.explain                          # the defaults
+python -m tfmjax.explain configs/reverse.toml     # the values this experiment uses
+python -m tfmjax.explain configs/reverse.toml model.preset=gpt2-small
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,9 @@ import dataclasses
 import sys
 import typing
 
-from tfmjax.config import FIELD_HELP, PRESETS, SECTIONS, ConfigError, Experiment, load
+from tfmjax.config import PRESETS, SECTIONS, ConfigError, Experiment, load
 from tfmjax.data import TASK_NAMES, task_defaults
+from tfmjax.field_help import FIELD_HELP
 
 
 def _type_name(hint) -> str:
@@ -30,11 +32,18 @@ def keys_table(experiment: Experiment) -> str:
         values = getattr(experiment, section)
         for f in dataclasses.fields(cls):
             key = f"{section}.{f.name}"
-            rows.append((key, _type_name(hints[f.name]), repr(getattr(values, f.name)),
-                         FIELD_HELP.get(key, "")))
+            rows.append(
+                (
+                    key,
+                    _type_name(hints[f.name]),
+                    repr(getattr(values, f.name)),
+                    FIELD_HELP.get(key, ""),
+                )
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(f"{k:<{widths[0]}}  {t:<{widths[1]}}  {v:<{widths[2]}}  {h}"
-                     for k, t, v, h in rows)
+    return "\n".join(
+        f"{k:<{widths[0]}}  {t:<{widths[1]}}  {v:<{widths[2]}}  {h}" for k, t, v, h in rows
+    )
 
 
 def tasks_table() -> str:
@@ -49,15 +58,19 @@ def tasks_table() -> str:
 def presets_table() -> str:
     """Each preset with its defining fields (``model.preset = NAME``)."""
     keys = ("family", "d_model", "num_heads", "num_layers", "position", "activation")
-    return "\n".join(f"{name:<14} " + ", ".join(f"{k}={spec[k]}" for k in keys if k in spec)
-                     for name, spec in PRESETS.items())
+    return "\n".join(
+        f"{name:<14} " + ", ".join(f"{k}={spec[k]}" for k in keys if k in spec)
+        for name, spec in PRESETS.items()
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tfmjax.explain", description=__doc__.splitlines()[0],
+        prog="python -m tfmjax.explain",
+        description=__doc__.splitlines()[0],
         epilog="Overrides are section.key=value, e.g. train.steps=500 or "
-               "data.task_params.max_len=8.")
+        "data.task_params.max_len=8.",
+    )
     parser.add_argument("config", nargs="?", help="experiment TOML (default: the defaults)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args(argv)

@@ -5,6 +5,7 @@ the params; the task's vocabulary turns text into ids and back. ``--input`` may 
 (one batch). ``--decode greedy|beam|sample`` with ``--beam-size``, ``--temperature``,
 ``--top-k``, ``--top-p`` (:mod:`tfmjax.decode.options`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,28 +28,43 @@ def prompt_ids(model, vocab: Vocab, text: str) -> list[int]:
     which the model never saw inside a source.
     """
     if vocab.size > model.config.vocab_size:
-        raise ValueError(f"the task vocabulary has {vocab.size} ids but model.vocab_size="
-                         f"{model.config.vocab_size}")
+        raise ValueError(
+            f"the task vocabulary has {vocab.size} ids but model.vocab_size="
+            f"{model.config.vocab_size}"
+        )
     if not text.strip():
-        raise ValueError("--input is empty: give space-separated task symbols, e.g. \"c a b\"")
+        raise ValueError('--input is empty: give space-separated task symbols, e.g. "c a b"')
     ids = vocab.encode(text)
     special = [RESERVED_TOKENS[i] for i in ids if i < len(RESERVED_TOKENS)]
     if special:
-        raise ValueError(f"--input {text!r} holds the special token {special[0]}: inputs are "
-                         "task symbols only (the end markers are added for you)")
+        raise ValueError(
+            f"--input {text!r} holds the special token {special[0]}: inputs are "
+            "task symbols only (the end markers are added for you)"
+        )
     return model.prompt_for_source(ids)
 
 
 def check_trained_length(task, texts: list[str]) -> list[str]:
     """Warnings (one line each) for inputs longer than any the model was trained on."""
     longest = task.max_source_len("train")
-    return [f"warning: --input {t!r} has {len(t.split())} symbols but the model was trained on "
-            f"at most {longest} (task {task.name}); its answer is unlikely to be right"
-            for t in texts if len(t.split()) > longest]
+    return [
+        f"warning: --input {t!r} has {len(t.split())} symbols but the model was trained on "
+        f"at most {longest} (task {task.name}); its answer is unlikely to be right"
+        for t in texts
+        if len(t.split()) > longest
+    ]
 
 
-def generate_from_text(model_config: ModelConfig, params, vocab: Vocab, text, strategy,
-                       max_new_tokens: int, *, rng=None):
+def generate_from_text(
+    model_config: ModelConfig,
+    params,
+    vocab: Vocab,
+    text,
+    strategy,
+    max_new_tokens: int,
+    *,
+    rng=None,
+):
     """Continue ``text`` (space-separated task symbols; a str or a list of str) -> str(s)."""
     texts = [text] if isinstance(text, str) else list(text)
     model = build(model_config)
@@ -59,24 +75,36 @@ def generate_from_text(model_config: ModelConfig, params, vocab: Vocab, text, st
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tfmjax.generate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tfmjax.generate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("workdir", help="training workdir (or its checkpoints dir, or one step)")
-    parser.add_argument("--input", action="append", required=True,
-                        help='space-separated task symbols, e.g. "c a b" (repeatable)')
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="default: the task's longest eval target + 1 (EOS)")
+    parser.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        help='space-separated task symbols, e.g. "c a b" (repeatable)',
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="default: the task's longest eval target + 1 (EOS)",
+    )
     add_decode_arguments(parser)
     return parser.parse_args(argv)
 
 
 def load(workdir: str):
     """``(Experiment, params)`` of the newest good checkpoint under ``workdir``."""
-    from tfmjax.config import Experiment, from_dict
     from tfmjax.checkpoint import load_for_inference
+    from tfmjax.config import Experiment, from_dict
+
     config, params, _ = load_for_inference(workdir)
     experiment = config if isinstance(config, Experiment) else from_dict(config)
-    if "params" not in params:          # a bare params tree: make it model.apply's variables
+    if "params" not in params:  # a bare params tree: make it model.apply's variables
         params = {"params": params}
     return experiment, params
 
@@ -86,8 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         print(f"error: --max-new-tokens={args.max_new_tokens} must be >= 1", file=sys.stderr)
         return 2
-    from tfmjax.data import make_task
     from tfmjax.checkpoint import CheckpointError
+    from tfmjax.data import make_task
+
     try:
         strategy = strategy_from_args(args)
         experiment, params = load(args.workdir)
@@ -95,12 +124,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_new = args.max_new_tokens or task.max_target_len("eval") + 1
         for line in check_trained_length(task, args.input):
             print(line, file=sys.stderr)
-        answers = generate_from_text(experiment.model, params, task.vocab, args.input, strategy,
-                                     max_new, rng=args.seed)
+        answers = generate_from_text(
+            experiment.model, params, task.vocab, args.input, strategy, max_new, rng=args.seed
+        )
     except (ValueError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for text, answer in zip(args.input, answers):
+    for text, answer in zip(args.input, answers, strict=True):
         print(f"{text} -> {answer}")
     return 0
 

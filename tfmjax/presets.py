@@ -4,33 +4,78 @@ Full-size models from the papers, and tiny twins for tests. Each entry holds
 :class:`tfmjax.config.ModelConfig` fields; :func:`tfmjax.config.get_preset` builds the config.
 This module imports nothing, so the config module can read it.
 """
+
 from __future__ import annotations
 
-_VASWANI = dict(family="encoder_decoder", vocab_size=37000, max_len=512, position="sinusoidal",
-                norm="layernorm", norm_position="post", activation="relu", use_bias=True,
-                tie_embeddings=True, scale_embeddings=True)
-_GPT2 = dict(family="decoder_only", position="learned", norm="layernorm", norm_position="pre",
-             activation="gelu", use_bias=True, tie_embeddings=True)
-_LLAMA = dict(family="decoder_only", position="rope", norm="rmsnorm", norm_position="pre",
-              activation="swiglu", use_bias=False, tie_embeddings=False, norm_eps=1e-6)
-_BERT = dict(family="encoder_only", position="learned", norm="layernorm", norm_position="post",
-             activation="gelu", use_bias=True, tie_embeddings=True, norm_eps=1e-12)
+_VASWANI = dict(
+    family="encoder_decoder",
+    vocab_size=37000,
+    max_len=512,
+    position="sinusoidal",
+    norm="layernorm",
+    norm_position="post",
+    activation="relu",
+    use_bias=True,
+    tie_embeddings=True,
+    scale_embeddings=True,
+)
+_GPT2 = dict(
+    family="decoder_only",
+    position="learned",
+    norm="layernorm",
+    norm_position="pre",
+    activation="gelu",
+    use_bias=True,
+    tie_embeddings=True,
+)
+_LLAMA = dict(
+    family="decoder_only",
+    position="rope",
+    norm="rmsnorm",
+    norm_position="pre",
+    activation="swiglu",
+    use_bias=False,
+    tie_embeddings=False,
+    norm_eps=1e-6,
+)
+_BERT = dict(
+    family="encoder_only",
+    position="learned",
+    norm="layernorm",
+    norm_position="post",
+    activation="gelu",
+    use_bias=True,
+    tie_embeddings=True,
+    norm_eps=1e-12,
+)
 _TINY = dict(vocab_size=32, d_model=64, num_heads=4, d_ff=256, num_layers=2, max_len=128)
 
 PRESETS: dict[str, dict] = {
     # Vaswani et al. 2017, Table 3: the original Transformer base and big.
-    "vaswani-base": dict(_VASWANI, d_model=512, num_heads=8, d_ff=2048, num_layers=6,
-                         dropout_rate=0.1),
-    "vaswani-big": dict(_VASWANI, d_model=1024, num_heads=16, d_ff=4096, num_layers=6,
-                        dropout_rate=0.3),
+    "vaswani-base": dict(
+        _VASWANI, d_model=512, num_heads=8, d_ff=2048, num_layers=6, dropout_rate=0.1
+    ),
+    "vaswani-big": dict(
+        _VASWANI, d_model=1024, num_heads=16, d_ff=4096, num_layers=6, dropout_rate=0.3
+    ),
     # GPT-2 small (Radford et al. 2019): 12 layers, 12 heads, width 768, context 1024, vocab 50257.
-    "gpt2-small": dict(_GPT2, vocab_size=50257, d_model=768, num_heads=12, d_ff=3072,
-                       num_layers=12, max_len=1024),
+    "gpt2-small": dict(
+        _GPT2, vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12, max_len=1024
+    ),
     # RoPE, RMSNorm, SwiGLU, GQA (4 query heads per key/value head), untied output.
-    "llama-style": dict(_LLAMA, vocab_size=32000, d_model=2048, num_heads=32, num_kv_heads=8,
-                        d_ff=5632, num_layers=16, max_len=2048),
-    "bert-base": dict(_BERT, vocab_size=30522, d_model=768, num_heads=12, d_ff=3072,
-                      num_layers=12, max_len=512),
+    "llama-style": dict(
+        _LLAMA,
+        vocab_size=32000,
+        d_model=2048,
+        num_heads=32,
+        num_kv_heads=8,
+        d_ff=5632,
+        num_layers=16,
+        max_len=2048,
+    ),
+    "bert-base": dict(
+        _BERT, vocab_size=30522, d_model=768, num_heads=12, d_ff=3072, num_layers=12, max_len=512
+    ),
     "tiny-vaswani": dict(_VASWANI, **_TINY),
     "tiny-gpt2": dict(_GPT2, **_TINY),
     "tiny-llama": dict(_LLAMA, **dict(_TINY, d_ff=192), num_kv_heads=2),

@@ -3,6 +3,7 @@
 Shapes come from ``jax.eval_shape`` (:mod:`tfmjax.models.summary`), so full-size presets cost
 no memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,9 +17,11 @@ __all__ = ["count_params", "main", "param_shapes", "summarize"]
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tfmjax.summary", description=__doc__.splitlines()[0],
+        prog="python -m tfmjax.summary",
+        description=__doc__.splitlines()[0],
         epilog="A model.preset=NAME override starts the model from that preset (the file's "
-               "other [model] keys are dropped); python -m tfmjax.explain lists presets.")
+        "other [model] keys are dropped); python -m tfmjax.explain lists presets.",
+    )
     parser.add_argument("config", help="experiment TOML, e.g. configs/reverse.toml")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. model.d_model=128")
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
 """Checkpoints: bit-exact round trips, preservation, corruption fall-back, kill -9, errors."""
+
 import faulthandler
 import gc
 import logging
@@ -17,9 +18,14 @@ import optax
 import pytest
 
 from tfmjax import config as tconfig
-from tfmjax.checkpoint import hashing
-from tfmjax.checkpoint import (CheckpointError, Checkpointer, load_config,
-                                     load_for_inference, params_hash)
+from tfmjax.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    hashing,
+    load_config,
+    load_for_inference,
+    params_hash,
+)
 
 # When a read fails, orbax/tensorstore may later call back into an asyncio loop orbax has
 # already closed ("RuntimeError: Event loop is closed", reported as unraisable). Harmless.
@@ -34,8 +40,12 @@ def _collect_orbax_leftovers():
     yield
     gc.collect()
 
-CONFIG = {"name": "toy", "model": {"d_model": 64, "num_layers": 2, "dims": (1, 2)},
-          "train": {"steps": 10}}
+
+CONFIG = {
+    "name": "toy",
+    "model": {"d_model": 64, "num_layers": 2, "dims": (1, 2)},
+    "train": {"steps": 10},
+}
 
 
 def make_state(seed: int) -> dict:
@@ -43,11 +53,16 @@ def make_state(seed: int) -> dict:
     (stored verbatim by zstd, so its bytes can be found on disk), Adam state, step, key data."""
     key = jax.random.key(seed)
     k1, k2 = jax.random.split(key)
-    params = {"dense": {"w": jax.random.normal(k1, (8, 16)),
-                        "b": jnp.full((16,), seed, jnp.bfloat16)},
-              "table": jax.random.bits(k2, (64, 64), jnp.uint32)}
-    return {"params": params, "opt_state": optax.adam(1e-3).init(params),
-            "step": jnp.int32(seed), "rng": jax.random.key_data(key)}
+    params = {
+        "dense": {"w": jax.random.normal(k1, (8, 16)), "b": jnp.full((16,), seed, jnp.bfloat16)},
+        "table": jax.random.bits(k2, (64, 64), jnp.uint32),
+    }
+    return {
+        "params": params,
+        "opt_state": optax.adam(1e-3).init(params),
+        "step": jnp.int32(seed),
+        "rng": jax.random.key_data(key),
+    }
 
 
 ABSTRACT = jax.eval_shape(lambda: make_state(0))
@@ -55,7 +70,7 @@ ABSTRACT = jax.eval_shape(lambda: make_state(0))
 
 def assert_trees_equal(a, b):
     assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -84,11 +99,15 @@ def find_table_bytes(workdir, step) -> tuple[Path, int]:
 
 
 def corrupt_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == LOGGER and "is corrupt" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == LOGGER and "is corrupt" in r.getMessage()
+    ]
 
 
 # --------------------------------------------------------------------------- params_hash
+
 
 def test_params_hash_is_bit_exact_and_order_free():
     a = make_state(1)
@@ -96,11 +115,12 @@ def test_params_hash_is_bit_exact_and_order_free():
     assert params_hash(a) == params_hash(dict(reversed(list(a.items()))))
     flipped = jax.tree.map(lambda x: x, a)
     w = np.asarray(a["params"]["dense"]["w"]).copy()
-    w.view(np.uint32)[3, 5] ^= 1                               # one bit
+    w.view(np.uint32)[3, 5] ^= 1  # one bit
     flipped["params"]["dense"]["w"] = jnp.asarray(w)
     assert params_hash(flipped) != params_hash(a)
-    assert params_hash({"x": jnp.zeros(4, jnp.float32)}) != \
-        params_hash({"x": jnp.zeros(4, jnp.int32)})
+    assert params_hash({"x": jnp.zeros(4, jnp.float32)}) != params_hash(
+        {"x": jnp.zeros(4, jnp.int32)}
+    )
     assert params_hash({"x": jnp.zeros((2, 2))}) != params_hash({"x": jnp.zeros(4)})
     assert params_hash({"x": jnp.zeros(2)}) != params_hash({"y": jnp.zeros(2)})
 
@@ -109,11 +129,13 @@ def test_params_hash_is_bit_exact_and_order_free():
         params: dict
         step: jax.Array
 
-    assert params_hash(State(params=a["params"], step=a["step"])) == \
-        params_hash({"params": a["params"], "step": a["step"]})
+    assert params_hash(State(params=a["params"], step=a["step"])) == params_hash(
+        {"params": a["params"], "step": a["step"]}
+    )
 
 
 # --------------------------------------------------------------------------- round trip
+
 
 def test_round_trip_is_bit_exact(tmp_path):
     state = make_state(7)
@@ -123,7 +145,7 @@ def test_round_trip_is_bit_exact(tmp_path):
         ckpt.save(7, state, config=CONFIG, metrics={"acc": np.float32(0.5)})
         ckpt.wait()
         assert ckpt.latest_step() == 7
-    with Checkpointer(tmp_path) as ckpt:                      # a fresh process's view
+    with Checkpointer(tmp_path) as ckpt:  # a fresh process's view
         restored, step = ckpt.restore(ABSTRACT, config=CONFIG)
     assert step == 7
     assert params_hash(restored) == params_hash(state)
@@ -143,8 +165,9 @@ def test_restore_onto_given_sharding(tmp_path):
         target = {"params": {"w": jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=sharded)}}
         restored, _ = ckpt.restore(target)
     assert restored["params"]["w"].sharding == sharded
-    np.testing.assert_array_equal(np.asarray(restored["params"]["w"]),
-                                  np.asarray(state["params"]["w"]))
+    np.testing.assert_array_equal(
+        np.asarray(restored["params"]["w"]), np.asarray(state["params"]["w"])
+    )
 
 
 def test_dataclass_state_and_concrete_target(tmp_path):
@@ -159,7 +182,7 @@ def test_dataclass_state_and_concrete_target(tmp_path):
     state = TrainState(step=s["step"], params=s["params"], opt_state=s["opt_state"], rng=s["rng"])
     with Checkpointer(tmp_path) as ckpt:
         ckpt.save(3, state, config=CONFIG)
-        restored, step = ckpt.restore(state)                  # arrays work as a target too
+        restored, step = ckpt.restore(state)  # arrays work as a target too
     assert isinstance(restored, TrainState) and step == 3
     assert params_hash(restored) == params_hash(state)
     _, params, _ = load_for_inference(tmp_path)
@@ -167,6 +190,7 @@ def test_dataclass_state_and_concrete_target(tmp_path):
 
 
 # --------------------------------------------------------------------------- preservation
+
 
 @pytest.mark.parametrize("mode", ["max", "min"])
 def test_keeps_latest_n_and_the_best(tmp_path, mode):
@@ -177,13 +201,14 @@ def test_keeps_latest_n_and_the_best(tmp_path, mode):
     for step in range(1, 7):
         ckpt.save(step, make_state(step), config=CONFIG, metrics={"acc": metric[step], "loss": 1.0})
     ckpt.close()
-    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
-                  if p.name.isdigit()) == [2, 5, 6]
+    assert sorted(
+        int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()
+    ) == [2, 5, 6]
     # After a restart the metrics come back from disk: the best survives further saves.
     ckpt = Checkpointer(tmp_path, keep=2, best_metric="acc", best_mode=mode)
     assert ckpt.best_step() == 2
     ckpt.save(7, make_state(7), config=CONFIG, metrics={"acc": metric[1]})
-    ckpt.save(8, make_state(8), config=CONFIG)                  # no metrics: kept only as latest
+    ckpt.save(8, make_state(8), config=CONFIG)  # no metrics: kept only as latest
     ckpt.close()
     assert ckpt.all_steps() == [2, 7, 8]
 
@@ -198,11 +223,12 @@ def test_saving_an_older_step_is_an_error_and_same_step_a_no_op(tmp_path):
 
 # --------------------------------------------------------------------------- corruption
 
+
 def test_flipped_bytes_are_caught_and_previous_step_used(tmp_path, caplog):
     save_steps(tmp_path, [1, 2]).close()
     path, offset = find_table_bytes(tmp_path, 2)
     data = bytearray(path.read_bytes())
-    data[offset + 10] ^= 0xFF                                   # still readable, wrong value
+    data[offset + 10] ^= 0xFF  # still readable, wrong value
     path.write_bytes(bytes(data))
 
     # Orbax alone restores the flipped byte silently; the hash is what catches it.
@@ -223,9 +249,9 @@ def test_flipped_bytes_are_caught_and_previous_step_used(tmp_path, caplog):
 def test_unreadable_data_file_falls_back(tmp_path, caplog):
     save_steps(tmp_path, [1, 2]).close()
     path, _ = find_table_bytes(tmp_path, 2)
-    path.write_bytes(path.read_bytes()[:100])                   # truncated: cannot be read
+    path.write_bytes(path.read_bytes()[:100])  # truncated: cannot be read
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        config, params, step = load_for_inference(tmp_path)     # read-only: nothing moved
+        config, params, step = load_for_inference(tmp_path)  # read-only: nothing moved
     assert params_hash(params) == params_hash(make_state(1)["params"])
     assert load_for_inference(tmp_path)[2] == step == 1
     (line, _) = corrupt_lines(caplog)
@@ -261,15 +287,15 @@ def test_partial_step_is_skipped(tmp_path, caplog, damage):
 def test_leftover_tmp_dir_is_never_the_latest(tmp_path, caplog):
     save_steps(tmp_path, [1, 2]).close()
     tmp = tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp"
-    shutil.copytree(step_dir(tmp_path, 2), tmp)                 # even a complete-looking one
+    shutil.copytree(step_dir(tmp_path, 2), tmp)  # even a complete-looking one
     (tmp / "state" / "_METADATA").write_text("garbage")
     assert load_config(tmp_path) == hashing.jsonable(CONFIG)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        ckpt = Checkpointer(tmp_path)                           # cleans up the tmp dir
+        ckpt = Checkpointer(tmp_path)  # cleans up the tmp dir
         assert ckpt.latest_step() == 2
         assert ckpt.restore(ABSTRACT)[1] == 2
     assert not corrupt_lines(caplog)
-    ckpt.save(3, make_state(3), config=CONFIG)                  # waits for the cleanup first
+    ckpt.save(3, make_state(3), config=CONFIG)  # waits for the cleanup first
     ckpt.close()
     assert not tmp.exists()
     restored, step = Checkpointer(tmp_path).restore(ABSTRACT)
@@ -279,13 +305,14 @@ def test_leftover_tmp_dir_is_never_the_latest(tmp_path, caplog):
 def test_every_step_corrupt_is_an_error(tmp_path, caplog):
     save_steps(tmp_path, [1]).close()
     shutil.rmtree(step_dir(tmp_path, 1) / "state")
-    with caplog.at_level(logging.WARNING, logger=LOGGER), \
-            pytest.raises(CheckpointError,
-                          match=r"no good checkpoint in .*step 1: state unreadable"):
+    with (
+        caplog.at_level(logging.WARNING, logger=LOGGER),
+        pytest.raises(CheckpointError, match=r"no good checkpoint in .*step 1: state unreadable"),
+    ):
         Checkpointer(tmp_path).restore(ABSTRACT)
     (line,) = corrupt_lines(caplog)
     assert line.endswith("; no older checkpoint")
-    assert step_dir(tmp_path, 1).is_dir()                      # nothing moved without a good step
+    assert step_dir(tmp_path, 1).is_dir()  # nothing moved without a good step
 
 
 def test_explicit_corrupt_step_does_not_fall_back(tmp_path):
@@ -302,12 +329,21 @@ def test_explicit_corrupt_step_does_not_fall_back(tmp_path):
 
 def test_kill_9_during_async_save_keeps_previous_step(tmp_path):
     helper = Path(__file__).with_name("_checkpoint_kill_helper.py")
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]),
-                                           os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, str(helper), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(helper), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert "STEP2_STARTED" in proc.stdout
 
@@ -331,18 +367,23 @@ def test_kill_9_during_async_save_keeps_previous_step(tmp_path):
 
 # --------------------------------------------------------------------------- readable errors
 
+
 def test_different_model_config_gives_a_readable_diff(tmp_path):
     ckpt = save_steps(tmp_path, [1])
     other = {**CONFIG, "model": {**CONFIG["model"], "d_model": 128}}
     with pytest.raises(CheckpointError) as err:
         ckpt.restore(ABSTRACT, config=other)
-    assert str(err.value) == ("checkpoint was written by a different model config: "
-                              "model.d_model: 64 (checkpoint) != 128 (now)")
+    assert str(err.value) == (
+        "checkpoint was written by a different model config: "
+        "model.d_model: 64 (checkpoint) != 128 (now)"
+    )
     two = {**CONFIG, "model": {**CONFIG["model"], "d_model": 128, "num_layers": 4}}
     with pytest.raises(CheckpointError) as err:
         ckpt.restore(ABSTRACT, config=two)
-    assert str(err.value).splitlines()[1:] == ["  model.d_model: 64 (checkpoint) != 128 (now)",
-                                               "  model.num_layers: 2 (checkpoint) != 4 (now)"]
+    assert str(err.value).splitlines()[1:] == [
+        "  model.d_model: 64 (checkpoint) != 128 (now)",
+        "  model.num_layers: 2 (checkpoint) != 4 (now)",
+    ]
     # Other sections (a longer run, another learning rate) may change on resume.
     longer = {**CONFIG, "train": {"steps": 20}}
     assert ckpt.restore(ABSTRACT, config=longer)[1] == 1
@@ -357,8 +398,9 @@ def test_state_of_another_shape_gives_a_readable_error(tmp_path):
     assert "\n" not in str(err.value)
     assert "missing from the checkpoint: extra" in str(err.value)
     wider = jax.eval_shape(lambda: {**make_state(0), "rng": jnp.zeros(4, jnp.uint32)})
-    with pytest.raises(CheckpointError,
-                       match=r"rng: shape \(2,\) \(checkpoint\) != \(4,\) \(now\)"):
+    with pytest.raises(
+        CheckpointError, match=r"rng: shape \(2,\) \(checkpoint\) != \(4,\) \(now\)"
+    ):
         ckpt.restore(wider)
     other_dtype = jax.eval_shape(lambda: {**make_state(0), "step": jnp.zeros((), jnp.float32)})
     with pytest.raises(CheckpointError, match=r"step: dtype int32 \(checkpoint\) != float32"):
@@ -367,6 +409,7 @@ def test_state_of_another_shape_gives_a_readable_error(tmp_path):
 
 
 # --------------------------------------------------------------------------- inference
+
 
 def test_load_config_and_params_from_workdir_checkpoints_dir_or_step_dir(tmp_path):
     experiment = tconfig.Experiment(name="toy")
@@ -387,6 +430,7 @@ def test_load_config_and_params_from_workdir_checkpoints_dir_or_step_dir(tmp_pat
 
 # --------------------------------------------------------------------------- signals
 
+
 def test_save_and_wait_from_a_signal_handler_do_not_deadlock(tmp_path):
     """SIGTERM arrives in the middle of save(); its handler saves and waits itself."""
     ckpt = Checkpointer(tmp_path)
@@ -401,7 +445,7 @@ def test_save_and_wait_from_a_signal_handler_do_not_deadlock(tmp_path):
 
     def save_interrupted(*args, **kwargs):
         ckpt._mgr.save = real_save
-        os.kill(os.getpid(), signal.SIGTERM)                    # lands inside save()
+        os.kill(os.getpid(), signal.SIGTERM)  # lands inside save()
         events.append("orbax save started")
         out = real_save(*args, **kwargs)
         events.append("orbax save returned")
@@ -409,7 +453,7 @@ def test_save_and_wait_from_a_signal_handler_do_not_deadlock(tmp_path):
 
     previous = signal.signal(signal.SIGTERM, on_term)
     ckpt._mgr.save = save_interrupted
-    faulthandler.dump_traceback_later(60, exit=True)            # a deadlock fails, not hangs
+    faulthandler.dump_traceback_later(60, exit=True)  # a deadlock fails, not hangs
     try:
         ckpt.save(1, make_state(1), config=CONFIG)
         events.append("save returned")
@@ -435,8 +479,11 @@ def test_two_corrupt_steps_fall_back_twice(tmp_path, caplog):
         'checkpoint step 3 is corrupt (state unreadable: item "state" is missing); '
         "falling back to step 2",
         'checkpoint step 2 is corrupt (metadata/config unreadable: item "config" is missing); '
-        "falling back to step 1"]
+        "falling back to step 1",
+    ]
     assert ckpt.all_steps() == [1]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.corrupt")) == \
-        ["2.corrupt", "3.corrupt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.corrupt")) == [
+        "2.corrupt",
+        "3.corrupt",
+    ]
     ckpt.close()

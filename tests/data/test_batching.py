@@ -22,7 +22,9 @@ B = 16
 
 
 def _batch(task, fmt, seed=0, step=0, split="train", batch_size=B):
-    return make_batch(task, batch_format=fmt, batch_size=batch_size, seed=seed, step=step, split=split)
+    return make_batch(
+        task, batch_format=fmt, batch_size=batch_size, seed=seed, step=step, split=split
+    )
 
 
 def _equal(a, b):
@@ -67,7 +69,7 @@ def test_encoder_decoder_layout(name):
     assert set(batch) == {"inputs", "targets"}
     assert batch["inputs"].shape[1] == task.max_source_len("train") + 1
     assert batch["targets"].shape[1] == task.max_target_len("train") + 1
-    for src_row, tgt_row in zip(batch["inputs"], batch["targets"]):
+    for src_row, tgt_row in zip(batch["inputs"], batch["targets"], strict=True):
         s, t = _row_ends(src_row), _row_ends(tgt_row)
         assert s >= 1 and t >= 1
         assert np.all(src_row[:s] >= 5) and np.all(tgt_row[:t] >= 5)
@@ -118,7 +120,7 @@ def test_eval_batches_fixed_and_from_eval_split(fmt):
     batches = eval_batches(task, batch_format=fmt, batch_size=B, num_examples=50)
     assert len(batches) == 4  # ceil(50 / 16): rounds up to full batches
     again = eval_batches(task, batch_format=fmt, batch_size=B, num_examples=50)
-    assert all(_equal(a, b) for a, b in zip(batches, again))
+    assert all(_equal(a, b) for a, b in zip(batches, again, strict=True))
     key = "inputs" if fmt == "seq2seq" else "tokens"
     for batch in batches:
         assert batch[key].shape == (B, batch_widths(task, batch_format=fmt)[key])
@@ -139,9 +141,13 @@ def test_train_batches_hold_only_train_examples():
 
 def test_format_and_argument_errors():
     task = make_task("copy")
-    with pytest.raises(ValueError, match=r"unknown batch format None \(valid formats: seq2seq, prompt_answer\)"):
+    with pytest.raises(
+        ValueError, match=r"unknown batch format None \(valid formats: seq2seq, prompt_answer\)"
+    ):
         _batch(task, None)
-    with pytest.raises(ValueError, match=r"unknown batch format 'gpt' \(valid formats: seq2seq, prompt_answer\)"):
+    with pytest.raises(
+        ValueError, match=r"unknown batch format 'gpt' \(valid formats: seq2seq, prompt_answer\)"
+    ):
         _batch(task, "gpt")
     with pytest.raises(ValueError, match="unknown split 'dev'"):
         _batch(task, "prompt_answer", split="dev")

@@ -20,8 +20,15 @@ from tfmjax.data import (
 from tfmjax.data.grammar import enumerate_commands
 
 EXPECTED_TASKS = {
-    "copy", "reverse", "sort", "addition", "addition_reversed",
-    "scan", "dyck", "associative_recall", "induction_head",
+    "copy",
+    "reverse",
+    "sort",
+    "addition",
+    "addition_reversed",
+    "scan",
+    "dyck",
+    "associative_recall",
+    "induction_head",
 }
 
 
@@ -119,7 +126,9 @@ def test_targets_are_correct_and_within_max_lengths(name, split):
     assert task.name == name
     for source, target in _samples(task, split, 300):
         assert all(isinstance(i, int) for i in source + target)
-        assert all(5 <= i < task.vocab.size for i in source + target), "no reserved ids, all in vocab"
+        assert all(5 <= i < task.vocab.size for i in source + target), (
+            "no reserved ids, all in vocab"
+        )
         assert 1 <= len(source) <= task.max_source_len(split)
         assert 1 <= len(target) <= task.max_target_len(split)
         _check_answer(task, source, target)
@@ -172,7 +181,16 @@ def test_defaults_are_small():
 
 def test_example_split_is_stable():
     # A stable hash (not hash()): these buckets are the same in every process and release.
-    assert [i for i in range(100) if example_split([i, 5]) == "eval"] == [13, 61, 62, 66, 82, 83, 87, 92]
+    assert [i for i in range(100) if example_split([i, 5]) == "eval"] == [
+        13,
+        61,
+        62,
+        66,
+        82,
+        83,
+        87,
+        92,
+    ]
     assert example_split(np.array([13, 5], np.int32)) == "eval"
     fractions = np.mean([example_split([i, j]) == "eval" for i in range(100) for j in range(100)])
     assert 0.07 < fractions < 0.13
@@ -233,7 +251,9 @@ def test_scan_splits_by_action_count():
 def test_unsupported_length_split_raises():
     task = make_task("associative_recall", num_keys=6, max_pairs=6)
     assert not task.supports_length_split
-    with pytest.raises(ValueError, match="task 'associative_recall' has no 'length' split: max_pairs"):
+    with pytest.raises(
+        ValueError, match="task 'associative_recall' has no 'length' split: max_pairs"
+    ):
         task.sample(np.random.default_rng(0), "length")
     with pytest.raises(ValueError, match="no 'length' split"):
         task.max_source_len("length")
@@ -243,7 +263,9 @@ def test_unsupported_length_split_raises():
 
 
 def test_unknown_split_raises():
-    with pytest.raises(ValueError, match=r"unknown split 'test'; valid splits: train, eval, length"):
+    with pytest.raises(
+        ValueError, match=r"unknown split 'test'; valid splits: train, eval, length"
+    ):
         make_task("copy").sample(np.random.default_rng(0), "test")
 
 
@@ -308,7 +330,9 @@ def test_unknown_task_message():
     with pytest.raises(ValueError) as err:
         make_task("revrse")
     msg = str(err.value)
-    assert msg.startswith("unknown task 'revrse'; did you mean 'reverse'? (valid tasks: copy, reverse")
+    assert msg.startswith(
+        "unknown task 'revrse'; did you mean 'reverse'? (valid tasks: copy, reverse"
+    )
     assert "\n" not in msg
     with pytest.raises(ValueError, match=r"^unknown task 'zzz' \(valid tasks: "):
         make_task("zzz")
@@ -321,7 +345,9 @@ def test_unknown_param_message():
         "unknown parameter 'max_length' for task 'copy'; did you mean 'max_len'? "
         "(valid parameters: num_symbols, min_len, max_len)"
     )
-    with pytest.raises(ValueError, match=re.escape("unknown parameters 'foo', 'bar' for task 'dyck'")):
+    with pytest.raises(
+        ValueError, match=re.escape("unknown parameters 'foo', 'bar' for task 'dyck'")
+    ):
         make_task("dyck", foo=1, bar=2)
     with pytest.raises(ValueError, match="fixed to True by task name 'addition_reversed'"):
         make_task("addition_reversed", reversed_answer=False)
@@ -330,7 +356,9 @@ def test_unknown_param_message():
 def test_bad_param_values():
     with pytest.raises(ValueError, match=r"task 'copy': max_len must be an int >= 3, got 2"):
         make_task("copy", min_len=3, max_len=2)
-    with pytest.raises(ValueError, match=r"task 'addition': num_digits must be an int >= 1, got 1.5"):
+    with pytest.raises(
+        ValueError, match=r"task 'addition': num_digits must be an int >= 1, got 1.5"
+    ):
         make_task("addition", num_digits=1.5)
     with pytest.raises(ValueError, match=r"num_keys must be an int in \[2, 26\]"):
         make_task("associative_recall", num_keys=40)

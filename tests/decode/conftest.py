@@ -5,6 +5,7 @@ reports: compiling ``model.init`` per config would cost more than the test itsel
 scaled so a random model's next-token distributions are spread out (a tied N(0, 1) embedding
 makes it repeat its input with probability ~1), which is what decoding tests need.
 """
+
 import functools
 
 import jax
@@ -33,7 +34,7 @@ def random_params(model, seed: int = 0, embed_scale: float = 0.2):
     return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tiny(name: str, overrides: tuple, embed_scale: float, seed: int):
     cfg = preset(name, **{"vocab_size": 16, "max_len": 32, **dict(overrides)})
     model = build(cfg)
@@ -43,6 +44,8 @@ def _tiny(name: str, overrides: tuple, embed_scale: float, seed: int):
 @pytest.fixture(scope="session")
 def tiny():
     """``tiny("tiny-gpt2", position="alibi")`` -> (model, params): vocab 16, max_len 32."""
+
     def make(name, *, embed_scale=0.2, seed=0, **overrides):
         return _tiny(name, tuple(sorted(overrides.items())), embed_scale, seed)
+
     return make

@@ -1,4 +1,5 @@
 """Cached decoding == the full uncached forward, at every step; cache layout and size."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,22 +10,24 @@ from tfmjax.models import build, kv_cache_bytes
 from tfmjax.models.prompts import as_right_padded
 
 # The family methods, jitted as the generation loop runs them (``M`` new tokens).
-PREFILL = jax.jit(lambda model, params, arrays, M: model.prefill(params, arrays, M),
-                  static_argnums=(0, 3))
-STEP = jax.jit(lambda model, params, cache, ids: model.decode_step(params, cache, ids),
-               static_argnums=0)
+PREFILL = jax.jit(
+    lambda model, params, arrays, M: model.prefill(params, arrays, M), static_argnums=(0, 3)
+)
+STEP = jax.jit(
+    lambda model, params, cache, ids: model.decode_step(params, cache, ids), static_argnums=0
+)
 
 # Every positional encoding in both families; GQA, MQA, sliding windows and unrolled layers
 # ride along (each case costs three compiles, so features share cases).
 DECODER_ONLY = [
-    ("tiny-gpt2", {}),                                                  # learned, MHA
+    ("tiny-gpt2", {}),  # learned, MHA
     ("tiny-gpt2", {"position": "sinusoidal", "window": 3, "scan_layers": False}),
-    ("tiny-gpt2", {"position": "alibi", "num_kv_heads": 2}),            # GQA
-    ("tiny-gpt2", {"position": "relative", "num_kv_heads": 1}),         # MQA
-    ("tiny-llama", {"window": 2}),                                      # RoPE, GQA, window
+    ("tiny-gpt2", {"position": "alibi", "num_kv_heads": 2}),  # GQA
+    ("tiny-gpt2", {"position": "relative", "num_kv_heads": 1}),  # MQA
+    ("tiny-llama", {"window": 2}),  # RoPE, GQA, window
 ]
 ENCODER_DECODER = [
-    ("tiny-vaswani", {}),                                               # sinusoidal, post-norm
+    ("tiny-vaswani", {}),  # sinusoidal, post-norm
     ("tiny-vaswani", {"position": "learned", "norm_position": "pre", "num_kv_heads": 2}),
     ("tiny-vaswani", {"position": "rope", "num_kv_heads": 1, "window": 2}),
     ("tiny-vaswani", {"position": "alibi"}),
@@ -42,8 +45,7 @@ def _ids(cfg, rows):
     return as_right_padded(prompts, cfg.vocab_size), continuation
 
 
-@pytest.mark.parametrize("name,overrides", DECODER_ONLY,
-                         ids=[f"{n}-{o}" for n, o in DECODER_ONLY])
+@pytest.mark.parametrize("name,overrides", DECODER_ONLY, ids=[f"{n}-{o}" for n, o in DECODER_ONLY])
 def test_decoder_only_cached_logits_match_full_forward(tiny, name, overrides):
     model, params = tiny(name, **overrides)
     cfg = model.config
@@ -53,7 +55,7 @@ def test_decoder_only_cached_logits_match_full_forward(tiny, name, overrides):
     # The last column is a placeholder: causal logits there never depend on it.
     tokens = np.zeros((len(n), prompts.shape[1] + STEPS + 1), np.int32)
     for i, k in enumerate(n):
-        tokens[i, :k], tokens[i, k:k + STEPS], tokens[i, k + STEPS] = prompts[i, :k], cont[i], 1
+        tokens[i, :k], tokens[i, k : k + STEPS], tokens[i, k + STEPS] = prompts[i, :k], cont[i], 1
     segment_ids = (np.arange(tokens.shape[1])[None] <= (n + STEPS)[:, None]).astype(np.int32)
     ref = np.asarray(full_logits(model, params, jnp.asarray(tokens), jnp.asarray(segment_ids)))
     # Cached: left-padded prompt prefilled in one pass, then one token per step.
@@ -62,21 +64,22 @@ def test_decoder_only_cached_logits_match_full_forward(tiny, name, overrides):
     assert cache.capacity == arrays[0].shape[1] + STEPS
     rows = np.arange(len(n))
     for t in range(STEPS + 1):
-        np.testing.assert_allclose(np.asarray(logits), ref[rows, n + t], **TOL,
-                                   err_msg=f"step {t}")
+        np.testing.assert_allclose(np.asarray(logits), ref[rows, n + t], **TOL, err_msg=f"step {t}")
         if t < STEPS:
             logits, cache = STEP(model, params, cache, jnp.asarray(cont[:, t]))
     np.testing.assert_array_equal(np.asarray(cache.lengths), n + 1 + STEPS)
 
 
-@pytest.mark.parametrize("name,overrides", ENCODER_DECODER,
-                         ids=[f"{n}-{o}" for n, o in ENCODER_DECODER])
+@pytest.mark.parametrize(
+    "name,overrides", ENCODER_DECODER, ids=[f"{n}-{o}" for n, o in ENCODER_DECODER]
+)
 def test_encoder_decoder_cached_logits_match_full_forward(tiny, name, overrides):
     model, params = tiny(name, **overrides)
     cfg = model.config
     inputs, cont = _ids(cfg, [2, 5, 1])
-    ref = np.asarray(full_logits(model, params, jnp.asarray(cont), jnp.ones_like(cont),
-                                 jnp.asarray(inputs)))
+    ref = np.asarray(
+        full_logits(model, params, jnp.asarray(cont), jnp.ones_like(cont), jnp.asarray(inputs))
+    )
     logits, cache = PREFILL(model, params, (jnp.asarray(inputs),), STEPS + 1)
     assert cache.capacity == STEPS + 1
     assert all("cross" in layer for layer in cache.layers)
@@ -86,37 +89,45 @@ def test_encoder_decoder_cached_logits_match_full_forward(tiny, name, overrides)
         np.testing.assert_allclose(np.asarray(logits), ref[:, t], **TOL, err_msg=f"step {t}")
         logits, cache = STEP(model, params, cache, jnp.asarray(cont[:, t]))
     # Cross keys/values were computed once and carried unchanged.
-    for layer, before in zip(cache.layers, cross_before):
+    for layer, before in zip(cache.layers, cross_before, strict=True):
         np.testing.assert_array_equal(np.asarray(layer["cross"]["k"]), np.asarray(before))
 
 
-@pytest.mark.parametrize("name,overrides", [("tiny-gpt2", {}), ("tiny-llama", {}),
-                                            ("tiny-llama", {"num_kv_heads": 1}),
-                                            ("tiny-vaswani", {"num_kv_heads": 2})])
+@pytest.mark.parametrize(
+    "name,overrides",
+    [
+        ("tiny-gpt2", {}),
+        ("tiny-llama", {}),
+        ("tiny-llama", {"num_kv_heads": 1}),
+        ("tiny-vaswani", {"num_kv_heads": 2}),
+    ],
+)
 def test_cache_size_matches_formula_and_pytree(name, overrides):
     from tfmjax.models import preset
+
     cfg = preset(name, **overrides)
     B, S = 3, 40
     model = build(cfg)
     cache = model.init_cache(B, S)
     L = cfg.num_layers if cfg.family == "decoder_only" else cfg.decoder_layers
     K, H = cfg.kv_heads, cfg.head_width
-    formula = 2 * B * L * K * S * H * 4           # keys and values, float32
+    formula = 2 * B * L * K * S * H * 4  # keys and values, float32
     assert len(cache.layers) == L
-    for sa in cache.self_attention:                # per layer, head-major: [B, K, S_max, H]
+    for sa in cache.self_attention:  # per layer, head-major: [B, K, S_max, H]
         assert sa["k"].shape == sa["v"].shape == (B, K, S, H)
     assert cache.kv_bytes == formula == kv_cache_bytes(B, L, K, S, H, jnp.float32)
     assert model.kv_cache_bytes(B, S) == formula
     assert cache.nbytes == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
-    assert cache.nbytes == formula + L * B * S * 4 + L * 4 + B * 4   # + segment ids, index, lengths
+    assert cache.nbytes == formula + L * B * S * 4 + L * 4 + B * 4  # + segment ids, index, lengths
     assert sum(sa["k"].nbytes + sa["v"].nbytes for sa in cache.self_attention) == formula
-    if K < cfg.num_heads:                          # GQA / MQA shrink it by N / K
+    if K < cfg.num_heads:  # GQA / MQA shrink it by N / K
         full = kv_cache_bytes(B, L, cfg.num_heads, S, H)
         assert cache.kv_bytes * (cfg.num_heads // K) == full
 
 
 def test_gpt2_small_cache_bytes_without_memory():
     from tfmjax.models import preset
+
     cfg = preset("gpt2-small")
     model = build(cfg)
     cache = jax.eval_shape(lambda: model.init_cache(8, 1024))
@@ -128,7 +139,7 @@ def test_gpt2_small_cache_bytes_without_memory():
 
 def test_reorder_and_repeat_rows(tiny):
     model, params = tiny("tiny-vaswani")
-    inputs, _ = _ids(model.config, [2, 5, 1])        # the shapes of a case above: no compile
+    inputs, _ = _ids(model.config, [2, 5, 1])  # the shapes of a case above: no compile
     _, cache = PREFILL(model, params, (jnp.asarray(inputs),), STEPS + 1)
     rep = cache.repeat(3)
     k, rep_k = cache.self_attention[1]["k"], rep.self_attention[1]["k"]

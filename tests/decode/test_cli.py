@@ -1,4 +1,5 @@
 """generate_from_text and ``python -m tfmjax.generate WORKDIR --input ...``."""
+
 import numpy as np
 import pytest
 
@@ -34,17 +35,22 @@ def test_generate_from_text_is_generate_on_source_sep(setup):
 
 def test_cli_loads_checkpoint_and_prints_answers(setup, tmp_path, capsys):
     from tfmjax.checkpoint import Checkpointer
+
     task, model, params = setup
-    exp = Experiment(name="cli", model=model.config,
-                     data=DataConfig(task="reverse", task_params=dict(TASK_PARAMS)))
+    exp = Experiment(
+        name="cli",
+        model=model.config,
+        data=DataConfig(task="reverse", task_params=dict(TASK_PARAMS)),
+    )
     ckpt = Checkpointer(tmp_path)
     ckpt.save(1, {"params": params}, config=exp.to_dict())
     ckpt.close() if hasattr(ckpt, "close") else ckpt.wait()
 
     assert main([str(tmp_path), "--input", "c a f", "--input", "b"]) == 0
     lines = [line.rstrip() for line in capsys.readouterr().out.strip().splitlines()]
-    want = generate_from_text(model.config, params, task.vocab, ["c a f", "b"], Greedy(),
-                              task.max_target_len("eval") + 1)
+    want = generate_from_text(
+        model.config, params, task.vocab, ["c a f", "b"], Greedy(), task.max_target_len("eval") + 1
+    )
     assert lines == [f"c a f -> {want[0]}".rstrip(), f"b -> {want[1]}".rstrip()]
 
     assert main([str(tmp_path), "--input", "a z"]) == 2
@@ -55,6 +61,7 @@ def test_cli_loads_checkpoint_and_prints_answers(setup, tmp_path, capsys):
 def test_cli_strategies():
     def strategy(*flags):
         return strategy_from_args(parse_args(["wd", "--input", "a", *flags]))
+
     assert strategy() == Greedy()
     assert strategy("--decode", "sample") == Temperature(1.0)
     assert strategy("--decode", "sample", "--top-k", "2", "--temperature", "0.5") == TopK(2, 0.5)

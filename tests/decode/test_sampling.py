@@ -1,4 +1,5 @@
 """Sampling strategies: support (top-k, nucleus), the τ -> 0 limit, and the distribution."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,7 @@ def _rollout_logits(model, params, tokens):
     prompts = np.asarray(PROMPTS, np.int32)
     seq = np.concatenate([prompts, np.asarray(tokens)], axis=1)
     logits = full_logits(model, params, jnp.asarray(seq), jnp.ones_like(jnp.asarray(seq)))
-    return np.asarray(logits)[:, prompts.shape[1]:]
+    return np.asarray(logits)[:, prompts.shape[1] :]
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +34,11 @@ def test_top_k_never_samples_outside_the_top_k(model_params):
     kth = np.sort(logits, axis=-1)[..., -k]
     chosen = np.take_along_axis(logits, tokens[..., None], -1)[..., 0]
     assert (chosen >= kth - 1e-4).all()
-    assert (tokens != logits.argmax(-1)).mean() > 0.2          # it did sample
+    assert (tokens != logits.argmax(-1)).mean() > 0.2  # it did sample
     # The same temperature without the cut does leave the top k: the check can fail.
-    free = np.asarray(generate(model, params, PROMPTS, Temperature(3.0), N, rng=0,
-                               eos_id=None).tokens)
+    free = np.asarray(
+        generate(model, params, PROMPTS, Temperature(3.0), N, rng=0, eos_id=None).tokens
+    )
     free_logits = _rollout_logits(model, params, free)
     chosen = np.take_along_axis(free_logits, free[..., None], -1)[..., 0]
     assert (chosen < np.sort(free_logits, axis=-1)[..., -k]).any()
@@ -45,21 +47,24 @@ def test_top_k_never_samples_outside_the_top_k(model_params):
 def test_top_p_never_samples_outside_the_nucleus(model_params):
     model, params = model_params
     p, tau = 0.6, 1.5
-    tokens = np.asarray(generate(model, params, PROMPTS, TopP(p, temperature=tau), N, rng=1,
-                                 eos_id=None).tokens)
+    tokens = np.asarray(
+        generate(model, params, PROMPTS, TopP(p, temperature=tau), N, rng=1, eos_id=None).tokens
+    )
     probs = np.asarray(jax.nn.softmax(_rollout_logits(model, params, tokens) / tau, axis=-1))
     chosen = np.take_along_axis(probs, tokens[..., None], -1)
-    mass_above = np.where(probs > chosen, probs, 0.0).sum(-1)    # strictly more likely tokens
+    mass_above = np.where(probs > chosen, probs, 0.0).sum(-1)  # strictly more likely tokens
     assert (mass_above < p + 1e-4).all()
     assert len(np.unique(tokens)) > 3
 
 
 def test_nucleus_mask_is_the_smallest_set_reaching_p():
     logits = jnp.log(jnp.asarray([[0.5, 0.2, 0.2, 0.1], [0.05, 0.9, 0.03, 0.02]]))
-    np.testing.assert_array_equal(nucleus_mask(logits, 0.6),
-                                  [[True, True, False, False], [False, True, False, False]])
-    np.testing.assert_array_equal(nucleus_mask(logits, 0.7),
-                                  [[True, True, False, False], [False, True, False, False]])
+    np.testing.assert_array_equal(
+        nucleus_mask(logits, 0.6), [[True, True, False, False], [False, True, False, False]]
+    )
+    np.testing.assert_array_equal(
+        nucleus_mask(logits, 0.7), [[True, True, False, False], [False, True, False, False]]
+    )
     np.testing.assert_array_equal(nucleus_mask(logits, 0.71)[0], [True, True, True, False])
     np.testing.assert_array_equal(nucleus_mask(logits, 1.0), np.ones((2, 4), bool))
 
@@ -102,14 +107,15 @@ def test_temperature_sampling_matches_softmax_over_tau(tiny):
     seq = jnp.asarray([prompt[0] + [1]])
     logits = np.asarray(full_logits(model, params, seq, jnp.ones_like(seq)))[0, -1]
     probs = np.asarray(jax.nn.softmax(jnp.asarray(logits) / tau))
-    assert probs.max() < 0.6                                   # a distribution worth testing
+    assert probs.max() < 0.6  # a distribution worth testing
     assert _chi_square_p(np.asarray(out.tokens)[:, 0], probs) > 1e-3
     # The test has power: the τ = 1 distribution is rejected.
     assert _chi_square_p(np.asarray(out.tokens)[:, 0], jax.nn.softmax(logits)) < 1e-3
 
 
-@pytest.mark.parametrize("strategy", [TopK(4, temperature=0.8), TopP(0.7, temperature=1.2)],
-                         ids=["top_k", "top_p"])
+@pytest.mark.parametrize(
+    "strategy", [TopK(4, temperature=0.8), TopP(0.7, temperature=1.2)], ids=["top_k", "top_p"]
+)
 def test_truncated_sampling_matches_renormalised_distribution(strategy):
     logits = jnp.asarray(np.random.default_rng(0).normal(size=12) * 1.5, jnp.float32)
     samples = jax.jit(strategy.sample)(jnp.broadcast_to(logits, (20000, 12)), jax.random.key(0))

@@ -1,4 +1,5 @@
 """A model trained on the reverse task decodes identically with and without the KV cache."""
+
 import time
 
 import jax
@@ -10,8 +11,8 @@ import pytest
 from tfmjax.data import eval_batches, make_batch, make_task, split_prompt_answer
 from tfmjax.data.vocab import EOS_ID
 from tfmjax.decode import Greedy, generate, generate_uncached
-from tfmjax.models import build, preset
 from tfmjax.losses import cross_entropy
+from tfmjax.models import build, preset
 
 STEPS, BATCH = 120, 64
 
@@ -19,8 +20,7 @@ STEPS, BATCH = 120, 64
 def _train(family: str):
     task = make_task("reverse", max_len=5, num_symbols=6)
     name = "tiny-gpt2" if family == "decoder_only" else "tiny-vaswani"
-    cfg = preset(name, vocab_size=task.vocab.size, max_len=16, num_kv_heads=2,
-                 norm_position="pre")
+    cfg = preset(name, vocab_size=task.vocab.size, max_len=16, num_kv_heads=2, norm_position="pre")
     model = build(cfg)
     params = jax.jit(model.init)(jax.random.key(0), model.dummy_batch())
     tx = optax.adam(3e-3)
@@ -37,13 +37,13 @@ def _train(family: str):
                 mask = (targets != 0).astype(jnp.float32)
             total, weight = cross_entropy(logits, targets, mask)
             return total / weight
+
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
     for i in range(STEPS):
-        batch = make_batch(task, batch_format=model.batch_format, batch_size=BATCH, seed=0,
-                           step=i)
+        batch = make_batch(task, batch_format=model.batch_format, batch_size=BATCH, seed=0, step=i)
         batch = {k: v for k, v in batch.items() if k != "prompt_len"}
         params, opt_state, loss = step(params, opt_state, batch)
     return task, model, params, float(loss)
@@ -53,18 +53,21 @@ def _eval_set(task, family):
     batch_format = "prompt_answer" if family == "decoder_only" else "seq2seq"
     batch = eval_batches(task, batch_format=batch_format, batch_size=128, num_examples=128)[0]
     if family == "decoder_only":
-        pairs = [split_prompt_answer(row, int(n)) for row, n in
-                 zip(batch["tokens"], batch["prompt_len"])]
-        prompts = [src + [3] for src, _ in pairs]             # source SEP
+        pairs = [
+            split_prompt_answer(row, int(n))
+            for row, n in zip(batch["tokens"], batch["prompt_len"], strict=True)
+        ]
+        prompts = [src + [3] for src, _ in pairs]  # source SEP
         answers = [ans for _, ans in pairs]
     else:
-        prompts = batch["inputs"]                              # source EOS, 0-padded
-        answers = [list(t[:list(t).index(EOS_ID)]) for t in batch["targets"]]
+        prompts = batch["inputs"]  # source EOS, 0-padded
+        answers = [list(t[: list(t).index(EOS_ID)]) for t in batch["targets"]]
     return prompts, answers
 
 
 def _exact_match(tokens, answers):
-    hits = [list(row[:len(a) + 1]) == a + [EOS_ID] for row, a in zip(np.asarray(tokens), answers)]
+    rows = zip(np.asarray(tokens), answers, strict=True)
+    hits = [list(row[: len(a) + 1]) == a + [EOS_ID] for row, a in rows]
     return float(np.mean(hits))
 
 

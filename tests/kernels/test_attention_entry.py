@@ -1,4 +1,6 @@
-"""The attention entry point: reference == softmax(QK^T/sqrt(H) + mask) V per head, xla == reference (values, grads)."""
+"""The attention entry point: reference == softmax(QK^T/sqrt(H) + mask) V per head,
+xla == reference (values, grads)."""
+
 import itertools
 
 import jax
@@ -11,7 +13,8 @@ from tfmjax.kernels.masks import alibi_slopes
 
 
 def numpy_attention(q, k, v, mask, scale):
-    """Scaled dot-product attention (Vaswani et al. 2017) per head, loop for loop: q [T,N,H], k/v [S,K,H]."""
+    """Scaled dot-product attention (Vaswani et al. 2017) per head, loop for loop:
+    q [T,N,H], k/v [S,K,H]."""
     T, N, H = q.shape
     group = N // k.shape[1]
     out = np.zeros((T, N, H))
@@ -20,7 +23,7 @@ def numpy_attention(q, k, v, mask, scale):
         e = np.where(mask[n] if mask.ndim == 3 else mask, e, -np.inf)
         for t in range(T):
             if np.isinf(e[t]).all():
-                continue                          # nothing to attend to: zeros
+                continue  # nothing to attend to: zeros
             a = np.exp(e[t] - e[t].max())
             out[t, n] = (a / a.sum()) @ v[:, n // group]
     return out
@@ -28,17 +31,21 @@ def numpy_attention(q, k, v, mask, scale):
 
 def _inputs(B=2, T=5, S=7, N=4, K=2, H=8, dtype=jnp.float32, seed=0):
     kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-    return (jax.random.normal(kq, (B, T, N, H), dtype), jax.random.normal(kk, (B, S, K, H), dtype),
-            jax.random.normal(kv, (B, S, K, H), dtype))
+    return (
+        jax.random.normal(kq, (B, T, N, H), dtype),
+        jax.random.normal(kk, (B, S, K, H), dtype),
+        jax.random.normal(kv, (B, S, K, H), dtype),
+    )
 
 
 def test_reference_is_pseudo_algorithm_2_5():
     q, k, v = _inputs(B=1, T=4, S=6, N=4, K=2)
     T, S = 4, 6
-    causal_mask = np.arange(S)[None, :] <= np.arange(T)[:, None] + 2        # q_offset = 2
+    causal_mask = np.arange(S)[None, :] <= np.arange(T)[:, None] + 2  # q_offset = 2
     got = attention(q, k, v, causal=True, q_offset=2, impl="reference")
-    want = numpy_attention(*(np.asarray(x[0], np.float64) for x in (q, k, v)), causal_mask,
-                           1 / np.sqrt(8))
+    want = numpy_attention(
+        *(np.asarray(x[0], np.float64) for x in (q, k, v)), causal_mask, 1 / np.sqrt(8)
+    )
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
 
 
@@ -59,17 +66,27 @@ def test_reference_alibi_matches_numpy():
 
 SEGMENTS = {
     "none": None,
-    "padding": (jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]),
-                jnp.array([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]])),
-    "packing": (jnp.array([[1, 1, 2, 2, 2], [1, 2, 2, 3, 0]]),
-                jnp.array([[1, 1, 1, 2, 2, 2, 0], [1, 2, 2, 3, 3, 0, 0]])),
+    "padding": (
+        jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]),
+        jnp.array([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]]),
+    ),
+    "packing": (
+        jnp.array([[1, 1, 2, 2, 2], [1, 2, 2, 3, 0]]),
+        jnp.array([[1, 1, 1, 2, 2, 2, 0], [1, 2, 2, 3, 3, 0, 0]]),
+    ),
 }
 
 GRID = [
     dict(causal=c, K=K, segments=s, window=w, alibi=a, bias=b, q_offset=o)
     for c, K, s, w, a, b, o in itertools.product(
-        [False, True], [4, 2, 1], ["none", "padding", "packing"], [None, 2], [False, True],
-        [False, True], [0, 2])
+        [False, True],
+        [4, 2, 1],
+        ["none", "padding", "packing"],
+        [None, 2],
+        [False, True],
+        [False, True],
+        [0, 2],
+    )
     # keep the grid to every pairing that matters: offsets only when causal, bias with MHA
     if (o == 0 or c) and not (b and K != 4)
 ]
@@ -77,7 +94,7 @@ GRID = [
 
 @pytest.mark.parametrize("case", GRID, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_xla_equals_reference_values_and_grads(case):
-    q, k, v = _inputs(K=case["K"])                    # T=5 != S=7, N=4: GQA ratios 1, 2, 4
+    q, k, v = _inputs(K=case["K"])  # T=5 != S=7, N=4: GQA ratios 1, 2, 4
     kw = dict(causal=case["causal"], window=case["window"], q_offset=case["q_offset"])
     if case["segments"] != "none":
         kw["q_segment_ids"], kw["kv_segment_ids"] = SEGMENTS[case["segments"]]
@@ -95,7 +112,7 @@ def test_xla_equals_reference_values_and_grads(case):
     np.testing.assert_allclose(xla_out, ref_out, rtol=1e-5, atol=1e-5)
     ref_grads = jax.grad(loss("reference"), argnums=(0, 1, 2))(q, k, v)
     xla_grads = jax.grad(loss("xla"), argnums=(0, 1, 2))(q, k, v)
-    for name, a, b in zip("qkv", xla_grads, ref_grads):
+    for name, a, b in zip("qkv", xla_grads, ref_grads, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"d{name}")
         assert np.isfinite(np.asarray(a)).all()
 
@@ -103,14 +120,15 @@ def test_xla_equals_reference_values_and_grads(case):
 @pytest.mark.parametrize("impl", ["reference", "xla"])
 def test_rows_with_nothing_to_attend_are_zero(impl):
     q, k, v = _inputs(K=4)
-    q_seg = jnp.array([[1, 1, 0, 0, 3], [0, 0, 0, 0, 0]])              # 0 and 3 see nothing
+    q_seg = jnp.array([[1, 1, 0, 0, 3], [0, 0, 0, 0, 0]])  # 0 and 3 see nothing
     kv_seg = jnp.array([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
     out = attention(q, k, v, q_segment_ids=q_seg, kv_segment_ids=kv_seg, impl=impl)
     assert not np.isnan(np.asarray(out)).any()
     np.testing.assert_array_equal(np.asarray(out)[0, 2:], 0.0)
     np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
-    grads = jax.grad(lambda q: attention(q, k, v, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
-                                         impl=impl).sum())(q)
+    grads = jax.grad(
+        lambda q: attention(q, k, v, q_segment_ids=q_seg, kv_segment_ids=kv_seg, impl=impl).sum()
+    )(q)
     assert np.isfinite(np.asarray(grads)).all()
 
 
@@ -118,16 +136,22 @@ def test_bf16_xla_close_to_reference():
     q, k, v = _inputs(K=2, dtype=jnp.bfloat16)
     a = attention(q, k, v, causal=True, impl="xla").astype(jnp.float32)
     b = attention(q, k, v, causal=True, impl="reference").astype(jnp.float32)
-    np.testing.assert_allclose(a, b, atol=2e-2, rtol=2e-2)   # bf16 has ~3 significant digits
+    np.testing.assert_allclose(a, b, atol=2e-2, rtol=2e-2)  # bf16 has ~3 significant digits
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(impl="fast"), "impl='fast' is not one of"),
-    (dict(q_segment_ids=jnp.ones((2, 5), jnp.int32)), "pass both q_segment_ids and kv_segment_ids"),
-    (dict(alibi_slopes=jnp.ones(3)), r"alibi_slopes must have shape \[N=4\]"),
-    (dict(window=-1), "window=-1 must be >= 0"),
-    (dict(bias=jnp.ones((1, 4, 5, 5))), "bias must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(impl="fast"), "impl='fast' is not one of"),
+        (
+            dict(q_segment_ids=jnp.ones((2, 5), jnp.int32)),
+            "pass both q_segment_ids and kv_segment_ids",
+        ),
+        (dict(alibi_slopes=jnp.ones(3)), r"alibi_slopes must have shape \[N=4\]"),
+        (dict(window=-1), "window=-1 must be >= 0"),
+        (dict(bias=jnp.ones((1, 4, 5, 5))), "bias must be"),
+    ],
+)
 def test_bad_arguments_are_one_line(kwargs, message):
     q, k, v = _inputs(K=2)
     with pytest.raises(ValueError, match=message):

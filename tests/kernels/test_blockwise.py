@@ -1,10 +1,12 @@
-"""impl="blockwise" against the reference (materialised softmax(QK^T/sqrt(H) + mask) V): values and gradients.
+"""impl="blockwise" against the reference (materialised softmax(QK^T/sqrt(H) + mask) V):
+values and gradients.
 
 Tolerances: float32 inputs, 2e-5 (outputs) and 1e-4 (gradients) max abs error, the
 gap between two float32 summation orders at these sizes; bfloat16 inputs, 2e-2 on
 outputs and 5e-2 on gradients (a few bf16 ulps of O(1) values; both sides round P
 and the output to bf16 at different points).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -16,11 +18,18 @@ import pytest
 
 from tfmjax import kernels
 from tfmjax.kernels import blockwise, masks, reference
-from tfmjax.kernels.testing import (SEGMENT_CASES, assert_close, call_kwargs, random_inputs,
-                                   segment_ids, value_and_grads)
+from tfmjax.kernels.testing import (
+    SEGMENT_CASES,
+    assert_close,
+    call_kwargs,
+    random_inputs,
+    segment_ids,
+    value_and_grads,
+)
 
-BLOCKS = blockwise.BlockSizes(block_q=8, block_k=8, block_q_bwd=4, block_k_bwd=8,
-                              kv_heads_per_step=2)
+BLOCKS = blockwise.BlockSizes(
+    block_q=8, block_k=8, block_q_bwd=4, block_k_bwd=8, kv_heads_per_step=2
+)
 
 
 def blockwise_results(q, k, v, d_out, **kw):
@@ -40,12 +49,27 @@ CASES = {
     "mqa_causal_aligned": (2, 16, 16, 4, 1, 8, jnp.float32, dict(causal=True)),
     "window_causal": (1, 29, 29, 4, 2, 8, jnp.float32, dict(causal=True, window=5)),
     "window_bidirectional": (1, 22, 31, 4, 4, 8, jnp.float32, dict(window=6)),
-    "alibi_causal": (1, 20, 20, 4, 2, 8, jnp.float32,
-                     dict(causal=True, alibi_slopes=masks.alibi_slopes(4))),
+    "alibi_causal": (
+        1,
+        20,
+        20,
+        4,
+        2,
+        8,
+        jnp.float32,
+        dict(causal=True, alibi_slopes=masks.alibi_slopes(4)),
+    ),
     "q_offset_chunk": (1, 5, 23, 4, 2, 8, jnp.float32, dict(causal=True, q_offset=17)),
-    "q_offset_window_alibi": (1, 12, 30, 2, 1, 8, jnp.float32,
-                              dict(causal=True, q_offset=18, window=7,
-                                   alibi_slopes=masks.alibi_slopes(2))),
+    "q_offset_window_alibi": (
+        1,
+        12,
+        30,
+        2,
+        1,
+        8,
+        jnp.float32,
+        dict(causal=True, q_offset=18, window=7, alibi_slopes=masks.alibi_slopes(2)),
+    ),
     "bf16_causal_gqa2": (2, 24, 24, 4, 2, 16, jnp.bfloat16, dict(causal=True)),
     "bf16_window_mqa": (1, 21, 21, 4, 1, 16, jnp.bfloat16, dict(causal=True, window=6)),
 }
@@ -63,8 +87,12 @@ def test_matches_reference(name):
 @pytest.mark.parametrize("causal,q_spec,kv_spec", SEGMENT_CASES.values(), ids=SEGMENT_CASES)
 def test_segment_ids(causal, q_spec, kv_spec):
     q, k, v, d_out = random_inputs(2, 13, 21, 4, 2, 8, jnp.float32, seed=1)
-    kw = call_kwargs(8, causal=causal, q_segment_ids=segment_ids(13, q_spec),
-                     kv_segment_ids=segment_ids(21, kv_spec))
+    kw = call_kwargs(
+        8,
+        causal=causal,
+        q_segment_ids=segment_ids(13, q_spec),
+        kv_segment_ids=segment_ids(21, kv_spec),
+    )
     want = reference_results(q, k, v, d_out, **kw)
     assert_close(blockwise_results(q, k, v, d_out, **kw), want, jnp.float32)
 
@@ -78,8 +106,11 @@ def test_rows_with_nothing_to_see_are_zero_with_finite_grads():
     kv_seg = segment_ids(S, [[(1, 7), (2, 5)]])
     kw = call_kwargs(H, causal=True, q_segment_ids=q_seg, kv_segment_ids=kv_seg)
     out, dq, dk, dv = blockwise_results(q, k, v, d_out, **kw)
-    empty = np.asarray(~masks.dense_mask(T, S, causal=True, q_segment_ids=q_seg,
-                                         kv_segment_ids=kv_seg)[0, 0].any(-1))
+    empty = np.asarray(
+        ~masks.dense_mask(T, S, causal=True, q_segment_ids=q_seg, kv_segment_ids=kv_seg)[0, 0].any(
+            -1
+        )
+    )
     assert empty.sum() == 6
     assert np.all(np.asarray(out)[0, empty] == 0)
     assert np.all(np.asarray(dq)[0, empty] == 0)
@@ -97,8 +128,14 @@ def test_traced_q_offset():
 
     @jax.jit
     def run(q, k, v, offset):
-        return value_and_grads(lambda *a, **kw: blockwise.attention(*a, **kw, block_sizes=BLOCKS),
-                               q, k, v, d_out, **{**kw, "q_offset": offset})
+        return value_and_grads(
+            lambda *a, **kw: blockwise.attention(*a, **kw, block_sizes=BLOCKS),
+            q,
+            k,
+            v,
+            d_out,
+            **{**kw, "q_offset": offset},
+        )
 
     for offset in (0, 13, 36):
         want = reference_results(q, k, v, d_out, **{**kw, "q_offset": offset})
@@ -136,14 +173,15 @@ def brute_force_ranges(a_lo, a_hi, block, num_blocks, dmin, dmax, length, full_o
             ok &= d >= dmin
         if dmax is not None:
             ok &= d <= dmax
-        needed.append(ok.any())      # a block whose visible pairs are all padding may
-        ok &= x < length               # be visited (masked), never skipped wrongly
+        needed.append(ok.any())  # a block whose visible pairs are all padding may
+        ok &= x < length  # be visited (masked), never skipped wrongly
         full.append(ok.all() and full_ok)
     return np.array(needed), np.array(full)
 
 
-@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 5), (False, 3),
-                                           (True, 0), (False, 0)])
+@pytest.mark.parametrize(
+    "causal,window", [(False, None), (True, None), (True, 5), (False, 3), (True, 0), (False, 0)]
+)
 def test_block_range_is_exact(causal, window):
     """The needed range is exactly the blocks with a visible pair (so skipping never drops
     work and never does work that is fully masked), and the unmasked range exactly the
@@ -153,8 +191,12 @@ def test_block_range_is_exact(causal, window):
     for block, length, a_block, start in grid:
         num_blocks = -(-length // block)
         a_lo, a_hi = start, start + a_block - 1
-        lo, flo, fhi, hi = (int(x) for x in blockwise.block_range(
-            a_lo, a_hi, block, num_blocks, dmin, dmax, num_full=length // block))
+        lo, flo, fhi, hi = (
+            int(x)
+            for x in blockwise.block_range(
+                a_lo, a_hi, block, num_blocks, dmin, dmax, num_full=length // block
+            )
+        )
         needed, full = brute_force_ranges(a_lo, a_hi, block, num_blocks, dmin, dmax, length, True)
         got_needed = np.zeros(num_blocks, bool)
         got_needed[lo:hi] = True

@@ -6,6 +6,7 @@ each platform on its own. It does not run the Triton or Mosaic compilers (those 
 device), so it catches unsupported ops, layouts and block shapes in the kernels and
 wrappers, not register or VMEM pressure.
 """
+
 from __future__ import annotations
 
 import jax
@@ -26,10 +27,21 @@ def _lower(platform, fn, *args):
 CONFIGS = {
     "causal_bf16": (1, 256, 256, 4, 2, 64, jnp.bfloat16, dict(causal=True)),
     "all_features_ragged_mqa": (
-        2, 200, 300, 4, 1, 64, jnp.float32,
-        dict(causal=True, window=96, alibi_slopes=masks.alibi_slopes(4),
-             q_segment_ids=jnp.ones((2, 200), jnp.int32),
-             kv_segment_ids=jnp.ones((2, 300), jnp.int32))),
+        2,
+        200,
+        300,
+        4,
+        1,
+        64,
+        jnp.float32,
+        dict(
+            causal=True,
+            window=96,
+            alibi_slopes=masks.alibi_slopes(4),
+            q_segment_ids=jnp.ones((2, 200), jnp.int32),
+            kv_segment_ids=jnp.ones((2, 300), jnp.int32),
+        ),
+    ),
 }
 
 
@@ -40,12 +52,23 @@ def test_forward_and_grad_lower(platform, config, traced_offset):
     B, T, S, N, K, H, dtype, options = CONFIGS[config]
     q = jnp.zeros((B, T, N, H), dtype)
     kv = jnp.zeros((B, S, K, H), dtype)
-    kw = dict(dict(causal=False, q_segment_ids=None, kv_segment_ids=None, window=None,
-                   alibi_slopes=None, bias=None, scale=H ** -0.5), **options)
+    kw = dict(
+        dict(
+            causal=False,
+            q_segment_ids=None,
+            kv_segment_ids=None,
+            window=None,
+            alibi_slopes=None,
+            bias=None,
+            scale=H**-0.5,
+        ),
+        **options,
+    )
 
     def forward(q, k, v, offset):
-        return pallas_attention.attention(q, k, v, **kw, q_offset=offset if traced_offset else 7,
-                                          platform=platform)
+        return pallas_attention.attention(
+            q, k, v, **kw, q_offset=offset if traced_offset else 7, platform=platform
+        )
 
     def loss(q, k, v, offset):
         return jnp.sum(forward(q, k, v, offset).astype(jnp.float32) ** 2)
@@ -53,5 +76,5 @@ def test_forward_and_grad_lower(platform, config, traced_offset):
     text = _lower(platform, forward, q, kv, kv, jnp.int32(7))
     grad_text = _lower(platform, jax.grad(loss, argnums=(0, 1, 2)), q, kv, kv, jnp.int32(7))
     marker = "@__gpu$xla.gpu.triton(" if platform == "cuda" else "@tpu_custom_call("
-    assert text.count(marker) == 1          # the forward kernel
-    assert grad_text.count(marker) == 3     # forward, dQ and dK/dV kernels
+    assert text.count(marker) == 1  # the forward kernel
+    assert grad_text.count(marker) == 3  # forward, dQ and dK/dV kernels

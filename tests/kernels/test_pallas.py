@@ -6,6 +6,7 @@ static and traced, segment padding and packing, empty rows, bf16, mixed block si
 appears at least once. Tolerances as in test_blockwise.py: float32 2e-5 (outputs) and
 1e-4 (gradients); bfloat16 2e-2 and 5e-2.
 """
+
 from __future__ import annotations
 
 import jax
@@ -15,8 +16,14 @@ import pytest
 
 from tfmjax import kernels
 from tfmjax.kernels import masks, pallas_attention, reference
-from tfmjax.kernels.testing import (SEGMENT_CASES, assert_close, call_kwargs, random_inputs,
-                                   segment_ids, value_and_grads)
+from tfmjax.kernels.testing import (
+    SEGMENT_CASES,
+    assert_close,
+    call_kwargs,
+    random_inputs,
+    segment_ids,
+    value_and_grads,
+)
 
 BLOCKS = pallas_attention.BlockSizes(8, 8, 8, 8, 8, 8)
 
@@ -29,14 +36,50 @@ def pallas_fn(blocks=BLOCKS):
 CASES = {
     "causal_ragged_gqa2": (2, 13, 21, 4, 2, 8, jnp.float32, dict(causal=True), BLOCKS),
     "t_gt_s_mha": (1, 27, 10, 4, 4, 8, jnp.float32, {}, BLOCKS),
-    "mqa_window_bidirectional_alibi": (1, 22, 31, 4, 1, 8, jnp.float32,
-                                       dict(window=6, alibi_slopes=masks.alibi_slopes(4)), BLOCKS),
-    "gqa4_causal_window_q_offset": (1, 12, 30, 8, 2, 8, jnp.float32,
-                                    dict(causal=True, window=7, q_offset=18), BLOCKS),
-    "bf16_causal_gqa2_alibi": (2, 24, 24, 4, 2, 16, jnp.bfloat16,
-                               dict(causal=True, alibi_slopes=masks.alibi_slopes(4)), BLOCKS),
-    "mixed_blocks_causal": (1, 37, 45, 4, 2, 8, jnp.float32, dict(causal=True),
-                            pallas_attention.BlockSizes(8, 16, 16, 8, 8, 16)),
+    "mqa_window_bidirectional_alibi": (
+        1,
+        22,
+        31,
+        4,
+        1,
+        8,
+        jnp.float32,
+        dict(window=6, alibi_slopes=masks.alibi_slopes(4)),
+        BLOCKS,
+    ),
+    "gqa4_causal_window_q_offset": (
+        1,
+        12,
+        30,
+        8,
+        2,
+        8,
+        jnp.float32,
+        dict(causal=True, window=7, q_offset=18),
+        BLOCKS,
+    ),
+    "bf16_causal_gqa2_alibi": (
+        2,
+        24,
+        24,
+        4,
+        2,
+        16,
+        jnp.bfloat16,
+        dict(causal=True, alibi_slopes=masks.alibi_slopes(4)),
+        BLOCKS,
+    ),
+    "mixed_blocks_causal": (
+        1,
+        37,
+        45,
+        4,
+        2,
+        8,
+        jnp.float32,
+        dict(causal=True),
+        pallas_attention.BlockSizes(8, 16, 16, 8, 8, 16),
+    ),
 }
 
 
@@ -45,33 +88,47 @@ def test_matches_reference(name):
     B, T, S, N, K, H, dtype, options, blocks = CASES[name]
     q, k, v, d_out = random_inputs(B, T, S, N, K, H, dtype)
     kw = call_kwargs(H, **options)
-    assert_close(value_and_grads(pallas_fn(blocks), q, k, v, d_out, **kw),
-                 value_and_grads(reference.attention, q, k, v, d_out, **kw), dtype)
+    assert_close(
+        value_and_grads(pallas_fn(blocks), q, k, v, d_out, **kw),
+        value_and_grads(reference.attention, q, k, v, d_out, **kw),
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("causal,q_spec,kv_spec", SEGMENT_CASES.values(), ids=SEGMENT_CASES)
 def test_segment_ids(causal, q_spec, kv_spec):
     q, k, v, d_out = random_inputs(2, 13, 21, 4, 2, 8, jnp.float32, seed=1)
-    kw = call_kwargs(8, causal=causal, q_segment_ids=segment_ids(13, q_spec),
-                     kv_segment_ids=segment_ids(21, kv_spec))
-    assert_close(value_and_grads(pallas_fn(), q, k, v, d_out, **kw),
-                 value_and_grads(reference.attention, q, k, v, d_out, **kw), jnp.float32)
+    kw = call_kwargs(
+        8,
+        causal=causal,
+        q_segment_ids=segment_ids(13, q_spec),
+        kv_segment_ids=segment_ids(21, kv_spec),
+    )
+    assert_close(
+        value_and_grads(pallas_fn(), q, k, v, d_out, **kw),
+        value_and_grads(reference.attention, q, k, v, d_out, **kw),
+        jnp.float32,
+    )
 
 
 def test_rows_with_nothing_to_see_are_zero_with_finite_grads():
     T = S = 12
     q, k, v, d_out = random_inputs(1, T, S, 2, 1, 8, jnp.float32, seed=2)
-    q_seg = segment_ids(T, [[(1, 3), (9, 3), (2, 4), (0, 2)]])   # 9: no key; 0: padding
-    kv_seg = segment_ids(S, [[(1, 7), (2, 5)]])                   # query 6 (seg 2) sees no key <= 6
+    q_seg = segment_ids(T, [[(1, 3), (9, 3), (2, 4), (0, 2)]])  # 9: no key; 0: padding
+    kv_seg = segment_ids(S, [[(1, 7), (2, 5)]])  # query 6 (seg 2) sees no key <= 6
     kw = call_kwargs(8, causal=True, q_segment_ids=q_seg, kv_segment_ids=kv_seg)
     out, dq, dk, dv = value_and_grads(pallas_fn(), q, k, v, d_out, **kw)
-    empty = np.asarray(~masks.dense_mask(T, S, causal=True, q_segment_ids=q_seg,
-                                         kv_segment_ids=kv_seg)[0, 0].any(-1))
+    empty = np.asarray(
+        ~masks.dense_mask(T, S, causal=True, q_segment_ids=q_seg, kv_segment_ids=kv_seg)[0, 0].any(
+            -1
+        )
+    )
     assert empty.sum() == 6
     assert np.all(np.asarray(out)[0, empty] == 0) and np.all(np.asarray(dq)[0, empty] == 0)
     assert all(np.all(np.isfinite(np.asarray(x))) for x in (out, dq, dk, dv))
-    np.testing.assert_allclose(out, value_and_grads(reference.attention, q, k, v, d_out, **kw)[0],
-                               atol=2e-5)
+    np.testing.assert_allclose(
+        out, value_and_grads(reference.attention, q, k, v, d_out, **kw)[0], atol=2e-5
+    )
 
 
 def test_traced_q_offset():

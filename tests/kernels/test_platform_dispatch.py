@@ -12,6 +12,7 @@ or ``jax.export``-ed for one platform, carries that platform's kernel and nothin
 The same model still runs here (interpreted) and matches ``attention_impl="xla"``.
 Lowering only runs the Pallas -> Triton / Mosaic lowerings (no device compiler).
 """
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,8 @@ from tfmjax.kernels import masks, pallas_attention, reference
 from tfmjax.kernels.testing import call_kwargs, random_inputs, segment_ids
 from tfmjax.models import build
 
-TRITON = "__gpu$xla.gpu.triton"     # custom-call target of a Pallas Triton kernel
-MOSAIC = "tpu_custom_call"          # custom-call target of a Pallas Mosaic TPU kernel
+TRITON = "__gpu$xla.gpu.triton"  # custom-call target of a Pallas Triton kernel
+MOSAIC = "tpu_custom_call"  # custom-call target of a Pallas Mosaic TPU kernel
 KERNEL = {"cuda": TRITON, "tpu": MOSAIC}
 # The interpreter's grid loop: a while loop named after the kernel (pallas_call name=...).
 INTERPRETED = re.compile(r"tfmjax_flash_(fwd|dq|dkv)/while")
@@ -39,20 +40,31 @@ ATOL = 1e-5
 
 
 def _model(impl: str):
-    return build(ModelConfig(family="decoder_only", vocab_size=32, d_model=32, num_heads=2,
-                             d_ff=64, num_layers=1, max_len=64, attention_impl=impl))
+    return build(
+        ModelConfig(
+            family="decoder_only",
+            vocab_size=32,
+            d_model=32,
+            num_heads=2,
+            d_ff=64,
+            num_layers=1,
+            max_len=64,
+            attention_impl=impl,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
 def setup():
     batch = {"tokens": (jnp.arange(16, dtype=jnp.int32) % 32)[None]}
-    params = _model("xla").init(jax.random.key(0), batch)   # same parameters for every impl
+    params = _model("xla").init(jax.random.key(0), batch)  # same parameters for every impl
     return params, batch
 
 
 def _loss(model):
     def loss(params, batch):
         return jnp.mean(model.apply(params, batch).astype(jnp.float32) ** 2)
+
     return loss
 
 
@@ -70,20 +82,27 @@ def _lowered_text(fn, platform, params, batch) -> str:
 def _exported_text(fn, platform, params, batch) -> str:
     checks = [export.DisabledSafetyCheck.custom_call(TRITON)] if platform == "cuda" else []
     exported = export.export(jax.jit(fn), platforms=(platform,), disabled_checks=checks)(
-        params, batch)
+        params, batch
+    )
     assert exported.platforms == (platform,)
     return exported.mlir_module()
 
 
 def _contents(text):
     """What a module holds: the number of calls of each kernel, the interpreted kernels."""
-    return {"triton calls": text.count(f"@{TRITON}("), "mosaic calls": text.count(f"@{MOSAIC}("),
-            "interpreted": sorted({m.group(1) for m in INTERPRETED.finditer(text)})}
+    return {
+        "triton calls": text.count(f"@{TRITON}("),
+        "mosaic calls": text.count(f"@{MOSAIC}("),
+        "interpreted": sorted({m.group(1) for m in INTERPRETED.finditer(text)}),
+    }
 
 
 def _assert_only_kernel_of(platform, text, num_kernels):
-    want = {"triton calls": num_kernels if platform == "cuda" else 0,
-            "mosaic calls": num_kernels if platform == "tpu" else 0, "interpreted": []}
+    want = {
+        "triton calls": num_kernels if platform == "cuda" else 0,
+        "mosaic calls": num_kernels if platform == "tpu" else 0,
+        "interpreted": [],
+    }
     assert _contents(text) == want, f"lowered for {platform}"
 
 
@@ -108,8 +127,11 @@ def test_cpu_lowering_is_the_interpreter(setup):
     """Positive control for :data:`INTERPRETED`, and no device kernel on CPU."""
     params, batch = setup
     text = _lowered_text(_functions("pallas")["grad"], "cpu", params, batch)
-    assert _contents(text) == {"triton calls": 0, "mosaic calls": 0,
-                               "interpreted": ["dkv", "dq", "fwd"]}
+    assert _contents(text) == {
+        "triton calls": 0,
+        "mosaic calls": 0,
+        "interpreted": ["dkv", "dq", "fwd"],
+    }
 
 
 @pytest.mark.parametrize("platform", ["cuda", "tpu", "cpu"])
@@ -132,8 +154,9 @@ def test_runs_interpreted_on_cpu_and_matches_xla(setup):
         np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=impl)
     # eager (no jit): the platform index is concrete, only the CPU branch runs
     np.testing.assert_allclose(_model("pallas").apply(params, batch), want, atol=ATOL, rtol=0)
-    grads = {impl: jax.jit(jax.grad(_loss(_model(impl))))(params, batch)
-             for impl in ("pallas", "xla")}
+    grads = {
+        impl: jax.jit(jax.grad(_loss(_model(impl))))(params, batch) for impl in ("pallas", "xla")
+    }
     for path, g in jax.tree_util.tree_leaves_with_path(grads["pallas"]):
         w = _get(grads["xla"], path)
         np.testing.assert_allclose(g, w, atol=ATOL, rtol=0, err_msg=jax.tree_util.keystr(path))
@@ -147,6 +170,7 @@ def _get(tree, path):
 
 # ----------------------------------------------------------------------------------------
 # The kernel entry points themselves.
+
 
 def _kernel_inputs():
     q, k, v, _ = random_inputs(2, 24, 40, 4, 2, 16, jnp.float32)
@@ -162,13 +186,25 @@ def test_every_feature_dispatches(platform):
     q, k, v, q_seg, kv_seg = _kernel_inputs()
 
     def loss(q, k, v, offset):
-        out = kernels.attention(q, k, v, causal=True, window=12, q_segment_ids=q_seg,
-                                kv_segment_ids=kv_seg, alibi_slopes=masks.alibi_slopes(4),
-                                q_offset=offset, impl="pallas")
-        return jnp.sum(out ** 2)
+        out = kernels.attention(
+            q,
+            k,
+            v,
+            causal=True,
+            window=12,
+            q_segment_ids=q_seg,
+            kv_segment_ids=kv_seg,
+            alibi_slopes=masks.alibi_slopes(4),
+            q_offset=offset,
+            impl="pallas",
+        )
+        return jnp.sum(out**2)
 
-    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, v, jnp.int32(16)).lower(
-        lowering_platforms=(platform,))
+    lowered = (
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        .trace(q, k, v, jnp.int32(16))
+        .lower(lowering_platforms=(platform,))
+    )
     _assert_only_kernel_of(platform, lowered.as_text(debug_info=True), 3)
 
 
@@ -176,8 +212,9 @@ def test_explicit_platform_skips_the_dispatch():
     q, k, v, _, _ = _kernel_inputs()
     kw = call_kwargs(16, causal=True)
     dispatched = jax.make_jaxpr(lambda q, k, v: pallas_attention.attention(q, k, v, **kw))
-    fixed = jax.make_jaxpr(lambda q, k, v: pallas_attention.attention(q, k, v, **kw,
-                                                                      platform="tpu"))
+    fixed = jax.make_jaxpr(
+        lambda q, k, v: pallas_attention.attention(q, k, v, **kw, platform="tpu")
+    )
     assert "platform_index" in str(dispatched(q, k, v))
     assert "platform_index" not in str(fixed(q, k, v))
 
@@ -191,7 +228,8 @@ def test_blocks_too_small_for_triton_leave_out_the_gpu_branch():
     fn = jax.jit(lambda q, k, v: pallas_attention.attention(q, k, v, **kw, block_sizes=blocks))
     want = reference.attention(q, k, v, **kw)
     np.testing.assert_allclose(fn(q, k, v), want, atol=2e-5, rtol=0)
-    _assert_only_kernel_of("tpu", fn.trace(q, k, v).lower(
-        lowering_platforms=("tpu",)).as_text(debug_info=True), 1)
+    _assert_only_kernel_of(
+        "tpu", fn.trace(q, k, v).lower(lowering_platforms=("tpu",)).as_text(debug_info=True), 1
+    )
     with pytest.raises(NotImplementedError, match="platform_index.*cuda"):
         fn.trace(q, k, v).lower(lowering_platforms=("cuda",))

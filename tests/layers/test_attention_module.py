@@ -1,4 +1,6 @@
-"""The attention module against per-head scaled dot-product attention (Vaswani et al. 2017) with explicit per-head weights."""
+"""The attention module against per-head scaled dot-product attention (Vaswani et al. 2017)
+with explicit per-head weights."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +9,7 @@ import pytest
 from tfmjax.layers.attention import MultiHeadAttention
 
 
-@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])     # MHA, GQA, MQA
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])  # MHA, GQA, MQA
 def test_module_matches_per_head_loop(num_kv_heads):
     D, N, H, T = 16, 4, 4, 5
     x = np.random.default_rng(0).normal(size=(1, T, D)).astype(np.float32)
@@ -17,18 +19,18 @@ def test_module_matches_per_head_loop(num_kv_heads):
     out, _ = module.apply({"params": params}, x, q_positions=pos, causal=True)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     heads = []
-    for i in range(N):                                   # FOR i = 1 TO h
-        j = i // (N // num_kv_heads)                     # the key/value head this query head shares
+    for i in range(N):  # FOR i = 1 TO h
+        j = i // (N // num_kv_heads)  # the key/value head this query head shares
         q_i = x[0] @ p["query"]["kernel"][:, i]
         k_i = x[0] @ p["key"]["kernel"][:, j]
         v_i = x[0] @ p["value"]["kernel"][:, j]
         e = q_i @ k_i.T / np.sqrt(H)
-        e[np.triu_indices(T, 1)] = -np.inf               # causal mask M[i,j] = 1 iff j <= i
+        e[np.triu_indices(T, 1)] = -np.inf  # causal mask M[i,j] = 1 iff j <= i
         a = np.exp(e - e.max(-1, keepdims=True))
         heads.append((a / a.sum(-1, keepdims=True)) @ v_i)
     z = np.concatenate(heads, -1) @ p["out"]["kernel"].reshape(N * H, D)
     np.testing.assert_allclose(out[0], z, rtol=1e-4, atol=1e-5)
-    assert params["key"]["kernel"].shape == (D, num_kv_heads, H)   # K/V heads only
+    assert params["key"]["kernel"].shape == (D, num_kv_heads, H)  # K/V heads only
 
 
 def test_cross_attention_uses_context():

@@ -1,4 +1,5 @@
 """Every layer against a small NumPy implementation of the papers' formulas."""
+
 import math
 
 import jax
@@ -6,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tfmjax.kernels.masks import alibi_bias
 from tfmjax.layers.mlp import FeedForward
 from tfmjax.layers.norms import LayerNorm, RMSNorm
-from tfmjax.layers.positions import (alibi_slopes, apply_rope, relative_bucket, sinusoidal)
-from tfmjax.kernels.masks import alibi_bias
+from tfmjax.layers.positions import alibi_slopes, apply_rope, relative_bucket, sinusoidal
 
 RNG = np.random.default_rng(0)
 
@@ -29,7 +30,7 @@ def test_layernorm_matches_seed_formula():
 def test_rmsnorm_matches_formula():
     x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
     gamma = RNG.normal(size=8).astype(np.float32)
-    expected = gamma * x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6)
+    expected = gamma * x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6)
     got = RMSNorm(eps=1e-6).apply({"params": {"scale": gamma}}, x)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
@@ -56,12 +57,14 @@ def test_sinusoidal_shift_is_a_fixed_linear_map():
     omega = 1 / 10000 ** (2 * np.arange(d // 2) / d)
     m_k = np.zeros((d, d))
     for i, w in enumerate(omega):
-        m_k[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[np.cos(k * w), np.sin(k * w)],
-                                                 [-np.sin(k * w), np.cos(k * w)]]
+        m_k[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [
+            [np.cos(k * w), np.sin(k * w)],
+            [-np.sin(k * w), np.cos(k * w)],
+        ]
     pe = np.asarray(sinusoidal(jnp.arange(80), d), np.float64)
     np.testing.assert_allclose(pe[:-k] @ m_k.T, pe[k:], atol=1e-4)
     m_wrong = np.eye(d)
-    assert np.abs(pe[:-k] @ m_wrong - pe[k:]).max() > 0.1           # the shift is not trivial
+    assert np.abs(pe[:-k] @ m_wrong - pe[k:]).max() > 0.1  # the shift is not trivial
 
 
 def numpy_rope(x, positions, base=10000.0):
@@ -79,7 +82,7 @@ def numpy_rope(x, positions, base=10000.0):
 
 
 def test_rope_matches_algorithm_5_7():
-    x = RNG.normal(size=(6, 2, 8)).astype(np.float32)               # [T, N, H]
+    x = RNG.normal(size=(6, 2, 8)).astype(np.float32)  # [T, N, H]
     positions = np.array([0, 1, 2, 5, 9, 100])
     got = apply_rope(jnp.asarray(x)[None], jnp.asarray(positions)[None])[0]
     np.testing.assert_allclose(got, numpy_rope(x, positions), rtol=1e-4, atol=1e-4)
@@ -89,10 +92,12 @@ def test_rope_dot_product_depends_only_on_offset():
     # RoPE (Su et al. 2021): (R_m q)^T (R_n k) = q^T R_{n-m} k.
     q = jnp.asarray(RNG.normal(size=(1, 1, 1, 16)), jnp.float32)
     k = jnp.asarray(RNG.normal(size=(1, 1, 1, 16)), jnp.float32)
-    score = lambda m, n: float(jnp.sum(apply_rope(q, jnp.array([[m]])) * apply_rope(k, jnp.array([[n]]))))
+    score = lambda m, n: float(
+        jnp.sum(apply_rope(q, jnp.array([[m]])) * apply_rope(k, jnp.array([[n]])))
+    )
     for m, n in [(0, 3), (10, 13), (57, 60)]:
         assert score(m, n) == pytest.approx(score(0, 3), abs=1e-4)
-    assert abs(score(0, 3) - score(0, 4)) > 1e-3                    # and does depend on it
+    assert abs(score(0, 3) - score(0, 4)) > 1e-3  # and does depend on it
 
 
 def test_alibi_slopes_and_bias():
@@ -109,17 +114,17 @@ def test_relative_buckets_exact_near_and_log_spaced_far():
     rel = jnp.arange(-200, 201)
     b = np.asarray(relative_bucket(rel, bidirectional=True, num_buckets=32, max_distance=128))
     assert b.min() >= 0 and b.max() < 32
-    near = {int(r): int(x) for r, x in zip(rel, b) if abs(int(r)) < 8}
-    assert len(set(near.values())) == len(near)                       # exact small offsets
-    assert b[rel == 150][0] == b[rel == 200][0]                       # far ones share buckets
+    near = {int(r): int(x) for r, x in zip(rel, b, strict=True) if abs(int(r)) < 8}
+    assert len(set(near.values())) == len(near)  # exact small offsets
+    assert b[rel == 150][0] == b[rel == 200][0]  # far ones share buckets
     causal = np.asarray(relative_bucket(rel, bidirectional=False, num_buckets=32, max_distance=128))
-    assert (causal[rel > 0] == 0).all()                               # future keys: bucket 0
+    assert (causal[rel > 0] == 0).all()  # future keys: bucket 0
 
 
 def _ffn_numpy(x, p, activation):
     dense = lambda name, h: h @ p[name]["kernel"] + p[name]["bias"]
-    gelu = lambda h: h * 0.5 * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))   # x Phi(x)
-    swish = lambda h: h / (1 + np.exp(-h))                                      # x sigmoid(x)
+    gelu = lambda h: h * 0.5 * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))  # x Phi(x)
+    swish = lambda h: h / (1 + np.exp(-h))  # x sigmoid(x)
     if activation == "relu":
         h = np.maximum(dense("up", x), 0)
     elif activation == "gelu":

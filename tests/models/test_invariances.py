@@ -1,4 +1,5 @@
 """Invariances every family must keep: causality, padding, permutation equivariance, scan."""
+
 import dataclasses
 
 import jax
@@ -9,8 +10,11 @@ import pytest
 from tfmjax.layers.stack import unstack_params
 from tfmjax.models import build, preset
 
-FAMILY_PRESETS = {"encoder_decoder": "tiny-vaswani", "decoder_only": "tiny-gpt2",
-                  "encoder_only": "tiny-bert"}
+FAMILY_PRESETS = {
+    "encoder_decoder": "tiny-vaswani",
+    "decoder_only": "tiny-gpt2",
+    "encoder_only": "tiny-bert",
+}
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi", "relative"]
 
 
@@ -24,8 +28,10 @@ def _tokens(shape, seed=0, low=5, high=32):
 
 def _batch(family, tokens, inputs=None):
     if family == "encoder_decoder":
-        return {"inputs": _tokens((tokens.shape[0], 6), 7) if inputs is None else inputs,
-                "targets": tokens}
+        return {
+            "inputs": _tokens((tokens.shape[0], 6), 7) if inputs is None else inputs,
+            "targets": tokens,
+        }
     return {"tokens": tokens}
 
 
@@ -57,8 +63,10 @@ def test_padding_never_changes_real_outputs(family, position):
     if family == "encoder_decoder":
         inputs = _tokens((2, 5), 7)
         a_batch = {"inputs": inputs, "targets": tokens}
-        b_batch = {"inputs": jnp.concatenate([inputs, jnp.zeros((2, 4), jnp.int32)], 1),
-                   "targets": padded}
+        b_batch = {
+            "inputs": jnp.concatenate([inputs, jnp.zeros((2, 4), jnp.int32)], 1),
+            "targets": padded,
+        }
     else:
         a_batch, b_batch = {"tokens": tokens}, {"tokens": padded}
     model, params, logits = _init_apply(cfg, a_batch)
@@ -67,7 +75,8 @@ def test_padding_never_changes_real_outputs(family, position):
 
 @pytest.mark.parametrize("family", ["encoder_only", "encoder_decoder"])
 def test_self_attention_without_positions_is_permutation_equivariant(family):
-    # Attention is permutation-equivariant: Attention(P X) = P Attention(X) when nothing encodes position.
+    # Attention is permutation-equivariant: Attention(P X) = P Attention(X) when nothing
+    # encodes position.
     cfg = _cfg(family, position="none")
     tokens = _tokens((2, 7))
     perm = np.random.default_rng(0).permutation(7)
@@ -87,8 +96,9 @@ def test_positions_break_permutation_equivariance():
     tokens = _tokens((1, 7))
     model, params, logits = _init_apply(cfg, {"tokens": tokens})
     perm = np.arange(7)[::-1]
-    assert not np.allclose(model.apply(params, {"tokens": tokens[:, perm]}), logits[:, perm],
-                           atol=1e-3)
+    assert not np.allclose(
+        model.apply(params, {"tokens": tokens[:, perm]}), logits[:, perm], atol=1e-3
+    )
 
 
 @pytest.mark.parametrize("family", list(FAMILY_PRESETS))
@@ -114,18 +124,27 @@ def test_packed_segments_equal_separate_rows():
     a, b = _tokens((1, 4), 1), _tokens((1, 3), 2)
     model = build(cfg)
     params = model.init(jax.random.key(0), {"tokens": a})
-    packed = {"tokens": jnp.concatenate([a, b, jnp.zeros((1, 1), jnp.int32)], 1),
-              "segment_ids": jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]])}
+    packed = {
+        "tokens": jnp.concatenate([a, b, jnp.zeros((1, 1), jnp.int32)], 1),
+        "segment_ids": jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]]),
+    }
     logits = model.apply(params, packed)
-    np.testing.assert_allclose(logits[:, :4], model.apply(params, {"tokens": a}), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(logits[:, 4:7], model.apply(params, {"tokens": b}), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        logits[:, :4], model.apply(params, {"tokens": a}), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        logits[:, 4:7], model.apply(params, {"tokens": b}), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_tied_and_untied_heads():
     tokens = _tokens((1, 4))
     tied = jax.eval_shape(build(_cfg("decoder_only")).init, jax.random.key(0), {"tokens": tokens})
-    untied = jax.eval_shape(build(_cfg("decoder_only", tie_embeddings=False)).init,
-                            jax.random.key(0), {"tokens": tokens})
+    untied = jax.eval_shape(
+        build(_cfg("decoder_only", tie_embeddings=False)).init,
+        jax.random.key(0),
+        {"tokens": tokens},
+    )
     assert "lm_head" not in tied["params"]["head"]
     assert untied["params"]["head"]["lm_head"]["kernel"].shape == (64, 32)
 

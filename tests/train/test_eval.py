@@ -1,7 +1,8 @@
 """Greedy decoding agrees with teacher forcing; eval.py reports every field from a checkpoint."""
+
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +31,8 @@ def _teacher_forced_argmax(model, params, batch, family, predictions):
     W = tokens.shape[1]
     for i, p in enumerate(batch["prompt_len"]):
         n = min(predictions.shape[1], W - p)
-        tokens[i, p:p + n] = predictions[i, :n]
-        tokens[i, p + n:] = PAD_ID
+        tokens[i, p : p + n] = predictions[i, :n]
+        tokens[i, p + n :] = PAD_ID
     logits = np.asarray(jnp.argmax(model.apply(params, {"tokens": jnp.asarray(tokens)}), -1))
     idx = np.minimum(batch["prompt_len"][:, None] + np.arange(predictions.shape[1]), W - 1)
     return np.take_along_axis(logits, idx, axis=1)
@@ -40,8 +41,15 @@ def _teacher_forced_argmax(model, params, batch, family, predictions):
 @pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
 def test_eval_decode_equals_teacher_forced_argmax(family):
     """The evaluator's (cached, greedy) answers reproduce themselves under teacher forcing."""
-    cfg = ModelConfig(family=family, vocab_size=16, d_model=16, num_heads=2, d_ff=32,
-                      num_layers=1, tie_embeddings=False)
+    cfg = ModelConfig(
+        family=family,
+        vocab_size=16,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_layers=1,
+        tie_embeddings=False,
+    )
     evaluator = Evaluator(cfg, TASK, batch_size=8, num_examples=8)
     batch = evaluator.batches[0]
     params = evaluator.model.init(jax.random.key(1), batch)
@@ -49,20 +57,22 @@ def test_eval_decode_equals_teacher_forced_argmax(family):
     predictions = evaluator.predict(params, evaluator.prompts[0])
     assert predictions.shape == (8, m)
     again = _teacher_forced_argmax(evaluator.model, params, batch, family, predictions)
-    for row, forced in zip(predictions, again):
+    for row, forced in zip(predictions, again, strict=True):
         # up to and including the first EOS (after it generation writes PAD)
         end = int(np.argmax(row == EOS_ID)) + 1 if (row == EOS_ID).any() else len(row)
         np.testing.assert_array_equal(row[:end], forced[:end])
         assert (row[end:] == PAD_ID).all()
     targets, mask = evaluator.model.eval_answers(batch, m)
-    assert int(mask.sum()) == int((batch["targets"] != 0).sum() if family == "encoder_decoder"
-                                  else batch["loss_mask"].sum())
+    assert int(mask.sum()) == int(
+        (batch["targets"] != 0).sum() if family == "encoder_decoder" else batch["loss_mask"].sum()
+    )
 
 
 def test_eval_on_its_own_targets_is_exact():
     """Exact-match is 1 when the 'decoder' emits the targets, and drops when one token differs."""
-    cfg = ModelConfig(family="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32,
-                      num_layers=1)
+    cfg = ModelConfig(
+        family="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_layers=1
+    )
     evaluator = Evaluator(cfg, TASK, batch_size=8, num_examples=8)
     batch = evaluator.batches[0]
     targets, mask = evaluator.model.eval_answers(batch, evaluator.max_new_tokens)
@@ -73,29 +83,50 @@ def test_eval_on_its_own_targets_is_exact():
         params = evaluator.model.init(jax.random.key(0), batch)
         metrics, rows = evaluator(params, num_rows=8)
         assert metrics["exact_match"] == want
-        assert [r["correct"] for r in rows] == [bool(x) for x in
-                                               np.all((predicted == targets) | ~mask, axis=1)]
+        assert [r["correct"] for r in rows] == [
+            bool(x) for x in np.all((predicted == targets) | ~mask, axis=1)
+        ]
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("eval_run")
-    exp = from_dict({
-        "model": {"family": "decoder_only", "vocab_size": 16, "d_model": 16, "num_heads": 2,
-                  "d_ff": 32, "num_layers": 1, "position": "rope"},
-        "optim": {"warmup_steps": 1},
-        "data": {"task": "reverse", "task_params": {"num_symbols": 5, "max_len": 5},
-                 "batch_size": 8, "eval_examples": 8},
-        "train": {"steps": 4, "log_every": 2, "eval_every": 4, "checkpoint_every": 2,
-                  "workdir": str(workdir)},
-    }, name="evaltest")
+    exp = from_dict(
+        {
+            "model": {
+                "family": "decoder_only",
+                "vocab_size": 16,
+                "d_model": 16,
+                "num_heads": 2,
+                "d_ff": 32,
+                "num_layers": 1,
+                "position": "rope",
+            },
+            "optim": {"warmup_steps": 1},
+            "data": {
+                "task": "reverse",
+                "task_params": {"num_symbols": 5, "max_len": 5},
+                "batch_size": 8,
+                "eval_examples": 8,
+            },
+            "train": {
+                "steps": 4,
+                "log_every": 2,
+                "eval_every": 4,
+                "checkpoint_every": 2,
+                "workdir": str(workdir),
+            },
+        },
+        name="evaltest",
+    )
     train(exp, progress=False, plot=False, stream=open(os.devnull, "w"))
     return workdir
 
 
 def test_report_from_checkpoint_has_every_field(trained):
-    report = evaluate_checkpoint(trained / "checkpoints" / "4", split="length", num_examples=10,
-                                 batch_size=4, num_rows=3)
+    report = evaluate_checkpoint(
+        trained / "checkpoints" / "4", split="length", num_examples=10, batch_size=4, num_rows=3
+    )
     assert report["step"] == 4 and report["split"] == "length" and report["num_examples"] == 10
     for key in ("loss", "perplexity", "token_accuracy", "exact_match"):
         assert np.isfinite(report[key])
@@ -106,17 +137,36 @@ def test_report_from_checkpoint_has_every_field(trained):
 
 
 def _eval_cli(*args):
-    return subprocess.run([sys.executable, str(ROOT / "eval.py"), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "eval.py"), *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_eval_cli_writes_eval_json(trained):
     proc = _eval_cli(trained, "--num-examples", 6)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((trained / "eval.json").read_text())
-    expected = {"checkpoint", "workdir", "step", "experiment", "family", "task", "split", "decode",
-                "num_examples", "loss", "perplexity", "token_accuracy", "exact_match",
-                "examples", "timing"}
+    expected = {
+        "checkpoint",
+        "workdir",
+        "step",
+        "experiment",
+        "family",
+        "task",
+        "split",
+        "decode",
+        "num_examples",
+        "loss",
+        "perplexity",
+        "token_accuracy",
+        "exact_match",
+        "examples",
+        "timing",
+    }
     assert expected <= set(report)
     assert report["num_examples"] == 6 and report["experiment"] == "evaltest"
     assert "exact_match" in proc.stdout
@@ -128,10 +178,13 @@ def test_eval_cli_missing_checkpoint_exit_2(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("flags, decode", [
-    (("--decode", "beam", "--beam-size", "3"), "BeamSearch(beam_size=3, alpha=0.6)"),
-    (("--decode", "sample", "--top-k", "2", "--seed", "1"), "TopK(k=2, temperature=1.0)"),
-])
+@pytest.mark.parametrize(
+    "flags, decode",
+    [
+        (("--decode", "beam", "--beam-size", "3"), "BeamSearch(beam_size=3, alpha=0.6)"),
+        (("--decode", "sample", "--top-k", "2", "--seed", "1"), "TopK(k=2, temperature=1.0)"),
+    ],
+)
 def test_eval_cli_decode_strategies(trained, tmp_path, flags, decode):
     out = tmp_path / "report.json"
     proc = _eval_cli(trained, "--num-examples", 4, "--out", out, *flags)
@@ -148,10 +201,22 @@ def test_eval_cli_bad_decode_options_exit_2(trained):
 
 def test_eval_cli_relative_workdir(trained):
     """`python eval.py runs/NAME` from the directory above: Orbax needs absolute paths inside."""
-    proc = subprocess.run([sys.executable, str(ROOT / "eval.py"), trained.name,
-                           "--num-examples", "2", "--out", str(trained / "rel.json")],
-                          cwd=trained.parent, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "eval.py"),
+            trained.name,
+            "--num-examples",
+            "2",
+            "--out",
+            str(trained / "rel.json"),
+        ],
+        cwd=trained.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((trained / "rel.json").read_text())["step"] == 4
 
@@ -161,12 +226,31 @@ def test_eval_reports_the_step_it_loaded_when_the_newest_is_corrupt(trained, tmp
     workdir = tmp_path / "run"
     shutil.copytree(trained, workdir)
     data_files = [f for f in (workdir / "checkpoints" / "4" / "state").rglob("*") if f.is_file()]
-    biggest = max(data_files, key=lambda f: f.stat().st_size)    # the arrays' data file
+    biggest = max(data_files, key=lambda f: f.stat().st_size)  # the arrays' data file
     data = bytearray(biggest.read_bytes())
     for i in range(len(data) // 4, len(data), max(len(data) // 64, 1)):
         data[i] ^= 0xFF
     biggest.write_bytes(bytes(data))
+    (workdir / "eval.json").unlink(missing_ok=True)
     proc = _eval_cli(workdir, "--num-examples", 2)
     assert proc.returncode == 0, proc.stderr
+    assert json.loads((workdir / "eval" / "step_2.json").read_text())["step"] == 2
     assert json.loads((workdir / "eval.json").read_text())["step"] == 2
+    assert not (workdir / "eval" / "step_4.json").exists()
     assert "(step 2)" in proc.stdout and "checkpoint step 4 is corrupt" in proc.stderr
+
+
+def test_evaluating_an_older_step_keeps_the_newest_report(trained, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(trained, workdir)
+    assert _eval_cli(workdir, "--num-examples", 2).returncode == 0
+    newest = json.loads((workdir / "eval.json").read_text())
+    proc = _eval_cli(workdir / "checkpoints" / "2", "--num-examples", 2)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((workdir / "eval.json").read_text()) == newest  # still step 4
+    assert newest["step"] == 4
+    assert json.loads((workdir / "eval" / "step_2.json").read_text())["step"] == 2
+    assert json.loads((workdir / "eval" / "step_4.json").read_text())["step"] == 4
+    proc = _eval_cli(workdir, "--num-examples", 2, "--split", "length")
+    assert json.loads((workdir / "eval" / "step_4_length.json").read_text())["split"] == "length"
+    assert json.loads((workdir / "eval.json").read_text())["split"] == "eval"

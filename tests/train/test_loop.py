@@ -1,4 +1,5 @@
 """The training loop and the train.py CLI: learning, files, non-finite loss, signals, bad config."""
+
 import dataclasses
 import json
 import os
@@ -18,15 +19,35 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_experiment(workdir, *, family="encoder_decoder", task="copy", steps=20, **train_kw):
-    return from_dict({
-        "model": {"family": family, "vocab_size": 16, "d_model": 32, "num_heads": 2, "d_ff": 64,
-                  "num_layers": 1, "tie_embeddings": False},
-        "optim": {"learning_rate": 3e-3, "warmup_steps": 20},
-        "data": {"task": task, "task_params": {"num_symbols": 5, "max_len": 5},
-                 "batch_size": 32, "eval_examples": 64},
-        "train": {"steps": steps, "log_every": 10, "eval_every": steps, "checkpoint_every": steps,
-                  "workdir": str(workdir), **train_kw},
-    }, name="tiny")
+    return from_dict(
+        {
+            "model": {
+                "family": family,
+                "vocab_size": 16,
+                "d_model": 32,
+                "num_heads": 2,
+                "d_ff": 64,
+                "num_layers": 1,
+                "tie_embeddings": False,
+            },
+            "optim": {"learning_rate": 3e-3, "warmup_steps": 20},
+            "data": {
+                "task": task,
+                "task_params": {"num_symbols": 5, "max_len": 5},
+                "batch_size": 32,
+                "eval_examples": 64,
+            },
+            "train": {
+                "steps": steps,
+                "log_every": 10,
+                "eval_every": steps,
+                "checkpoint_every": steps,
+                "workdir": str(workdir),
+                **train_kw,
+            },
+        },
+        name="tiny",
+    )
 
 
 def quiet(exp, **kw):
@@ -39,7 +60,14 @@ def test_tiny_run_learns_copy(tmp_path):
     records = read_records(tmp_path / "metrics.jsonl")
     train_rec = [r for r in records if r["split"] == "train"]
     assert [r["step"] for r in train_rec] == list(range(10, 301, 10))
-    for key in ("loss", "perplexity", "token_accuracy", "exact_match", "grad_norm", "learning_rate"):
+    for key in (
+        "loss",
+        "perplexity",
+        "token_accuracy",
+        "exact_match",
+        "grad_norm",
+        "learning_rate",
+    ):
         assert key in train_rec[-1]
     assert {"tokens_per_sec", "steps_per_sec", "elapsed_sec"} <= set(train_rec[-1]["timing"])
     assert train_rec[-1]["loss"] < 0.2 * train_rec[0]["loss"]
@@ -49,8 +77,10 @@ def test_tiny_run_learns_copy(tmp_path):
 
 def test_non_finite_loss_stops_without_saving(tmp_path):
     exp = tiny_experiment(tmp_path, steps=20, checkpoint_every=5)
-    exp = dataclasses.replace(exp, optim=dataclasses.replace(
-        exp.optim, learning_rate=1e30, clip_norm=None, warmup_steps=0))
+    exp = dataclasses.replace(
+        exp,
+        optim=dataclasses.replace(exp.optim, learning_rate=1e30, clip_norm=None, warmup_steps=0),
+    )
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss or gradient at step \d+"):
         quiet(exp)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []
@@ -64,8 +94,14 @@ def test_vocab_too_small_names_both_sizes(tmp_path):
 
 
 def _cli(*args, **kw):
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
 def _write_config(tmp_path, **train_kw) -> Path:

@@ -57,7 +57,7 @@ def test_weight_decay_applies_only_to_masked_in_leaves():
     zeros = jax.tree.map(jnp.zeros_like, params)
     updates, _ = tx.update(zeros, tx.init(params), params)
     mask = O.weight_decay_mask(params)
-    for u, decays in zip(jax.tree.leaves(updates), jax.tree.leaves(mask)):
+    for u, decays in zip(jax.tree.leaves(updates), jax.tree.leaves(mask), strict=True):
         np.testing.assert_allclose(u, -0.1 * 0.5 if decays else 0.0, rtol=1e-6)
 
 
@@ -79,7 +79,7 @@ def test_clipping_bounds_update():
     clipped = _run(O.make_optimizer(schedule=lr, clip_norm=1.0), params, [small] * 3 + [huge])
     manual = _run(O.make_optimizer(schedule=lr, clip_norm=None), params, [small] * 3 + [rescaled])
     raw = _run(O.make_optimizer(schedule=lr, clip_norm=None), params, [small] * 3 + [huge])
-    for a, b in zip(jax.tree.leaves(clipped), jax.tree.leaves(manual)):
+    for a, b in zip(jax.tree.leaves(clipped), jax.tree.leaves(manual), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5)
     assert not np.allclose(jax.tree.leaves(clipped)[0], jax.tree.leaves(raw)[0], rtol=1e-2)
     n = sum(p.size for p in jax.tree.leaves(params))

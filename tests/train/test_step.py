@@ -1,14 +1,15 @@
 """The pure train step: masking, accumulation, dropout keys, the non-finite guard, donation."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from tfmjax.checkpoint import params_hash
 from tfmjax.config import ModelConfig
 from tfmjax.data import make_batch, make_task
 from tfmjax.models import build
-from tfmjax.checkpoint import params_hash
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.schedules import make_schedule
 from tfmjax.train.state import create_state, reset_window
@@ -18,21 +19,33 @@ TASK = make_task("copy", num_symbols=5, max_len=5)
 
 
 def tiny(family="encoder_decoder", **kw):
-    base = dict(family=family, vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_layers=1,
-                tie_embeddings=False)
+    base = dict(
+        family=family,
+        vocab_size=16,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_layers=1,
+        tie_embeddings=False,
+    )
     return ModelConfig(**{**base, **kw})
 
 
 def setup(cfg, *, lr=1e-2, accum=1, smoothing=0.0, batch_size=8):
-    schedule = make_schedule("constant", peak_lr=lr, warmup_steps=0, total_steps=10,
-                             d_model=cfg.d_model)
+    schedule = make_schedule(
+        "constant", peak_lr=lr, warmup_steps=0, total_steps=10, d_model=cfg.d_model
+    )
     tx = make_optimizer(schedule=schedule, clip_norm=1.0)
     model = build(cfg)
-    batch = make_batch(TASK, batch_format=model.batch_format, batch_size=batch_size, seed=0,
-                       step=0)
+    batch = make_batch(TASK, batch_format=model.batch_format, batch_size=batch_size, seed=0, step=0)
     state = create_state(model, tx, batch, seed=0)
-    step = make_train_step(build(cfg, deterministic=False), tx, schedule,
-                           label_smoothing=smoothing, grad_accum_steps=accum)
+    step = make_train_step(
+        build(cfg, deterministic=False),
+        tx,
+        schedule,
+        label_smoothing=smoothing,
+        grad_accum_steps=accum,
+    )
     return state, jit_train_step(step), batch
 
 
@@ -83,13 +96,14 @@ def test_grad_accumulation_matches_one_big_batch():
     state = create_state(build(cfg), tx, batch, seed=0)
     results = []
     for k in (1, 2):
-        step = make_train_step(build(cfg, deterministic=False), tx, lambda s: 1.0,
-                               grad_accum_steps=k)
+        step = make_train_step(
+            build(cfg, deterministic=False), tx, lambda s: 1.0, grad_accum_steps=k
+        )
         results.append(jax.jit(step)(state, batch))
     (s1, m1), (s2, m2) = results
     np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5)
     np.testing.assert_allclose(float(m1["grad_norm"]), float(m2["grad_norm"]), rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -124,7 +138,7 @@ def test_non_finite_step_keeps_the_old_state(ed):
     after, metrics = step(jax.tree.map(jnp.copy, before), batch)
     assert not bool(metrics["finite"])
     assert params_hash(after.opt_state) == opt_hash
-    for a, b in zip(jax.tree.leaves(after.params), jax.tree.leaves(before.params)):
+    for a, b in zip(jax.tree.leaves(after.params), jax.tree.leaves(before.params), strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(after.step) == 2
     assert float(after.window["nonfinite"]) == 1.0

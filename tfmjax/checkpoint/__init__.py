@@ -35,6 +35,7 @@ flag that the loop checks once per step; both are safe.
 
 Only single-host (fully addressable) arrays are hashed; multi-host runs are not supported here.
 """
+
 from tfmjax.checkpoint.errors import CheckpointError
 from tfmjax.checkpoint.hashing import params_hash
 from tfmjax.checkpoint.inference import load_config, load_for_inference

@@ -1,4 +1,5 @@
 """Checkpoint errors: the one the user reads, and a corrupt step (internal: try the next)."""
+
 from __future__ import annotations
 
 import re
@@ -26,6 +27,6 @@ def short_error(exc: BaseException, limit: int = 160) -> str:
     text = re.sub(r"\s*\[tensorstore_spec.*$", "", text)
     text = re.sub(r' in OCDBT database at [^"]*"[^"]*"', "", text)
     text = re.sub(r'(Error opening "\w+" driver: )+', "", text)
-    if not re.match(r"[A-Z_]{4,}: ", text):     # tensorstore status codes speak for themselves
+    if not re.match(r"[A-Z_]{4,}: ", text):  # tensorstore status codes speak for themselves
         text = f"{type(inner).__name__}: {text}" if text else type(inner).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."

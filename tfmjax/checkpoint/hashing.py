@@ -1,4 +1,5 @@
 """Integrity: bit-exact hashes of pytrees, and the array table a restore target must match."""
+
 from __future__ import annotations
 
 import hashlib
@@ -47,9 +48,9 @@ def state_hashes(tree: Any, sub: str | None) -> tuple[str, str | None]:
             entries.append((path, str(dtype), jax.random.key_data(leaf)))
         else:
             entries.append((path, None, leaf))
-    hosts = jax.device_get([leaf for _, _, leaf in entries])          # one batched copy
+    hosts = jax.device_get([leaf for _, _, leaf in entries])  # one batched copy
     full, part = hashlib.sha256(), hashlib.sha256()
-    for (path, dtype, _), host in zip(entries, hosts):
+    for (path, dtype, _), host in zip(entries, hosts, strict=True):
         array = np.ascontiguousarray(np.asarray(host))
         header = f"\0{dtype or array.dtype}\0{array.shape}\0{array.nbytes}\0".encode()
         data = array.reshape(-1).view(np.uint8).data
@@ -57,7 +58,7 @@ def state_hashes(tree: Any, sub: str | None) -> tuple[str, str | None]:
         full.update(data)
         # Paths under ``sub`` sort the same with or without the ``sub/`` prefix.
         if sub is not None and (path == sub or path.startswith(sub + "/")):
-            part.update(path[len(sub) + 1:].encode() + header)
+            part.update(path[len(sub) + 1 :].encode() + header)
             part.update(data)
     return full.hexdigest(), (part.hexdigest() if sub is not None else None)
 

@@ -1,4 +1,5 @@
 """Loading for evaluation and generation: the config and params of a checkpoint, no train state."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,11 +50,19 @@ def load_for_inference(directory: str | Path):
             tree = getattr(tree, "tree", tree)
             sub = tree[name] if name is not None else tree
             target = jax.tree.map(
-                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), sub)
+                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), sub
+            )
             item = {name: target} if name is not None else target
-            out = store.mgr.restore(s, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-                item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-                partial_restore=name is not None)))
+            out = store.mgr.restore(
+                s,
+                args=ocp.args.Composite(
+                    state=ocp.args.PyTreeRestore(
+                        item=item,
+                        restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                        partial_restore=name is not None,
+                    )
+                ),
+            )
             params = out["state"][name] if name is not None else out["state"]
         except Exception as err:  # noqa: BLE001
             raise CorruptStep(f"params unreadable: {short_error(err)}") from None

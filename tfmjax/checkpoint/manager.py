@@ -1,5 +1,6 @@
 """``Checkpointer``: save and restore the train state (keep latest N and the best; async,
 atomic; signals held back; restore verified, falling back past corrupt steps)."""
+
 from __future__ import annotations
 
 import datetime
@@ -14,11 +15,16 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 import tfmjax
 from tfmjax.checkpoint.errors import CheckpointError, CorruptStep, short_error
-from tfmjax.checkpoint.hashing import (array_table, json_hash, jsonable, params_hash,
-                                       params_path, state_hashes)
+from tfmjax.checkpoint.hashing import (
+    array_table,
+    json_hash,
+    jsonable,
+    params_hash,
+    params_path,
+    state_hashes,
+)
 from tfmjax.checkpoint.signals import signals_deferred
-from tfmjax.checkpoint.store import (CHECKPOINTS_SUBDIR, Store, abstract_target,
-                                     structure_diff)
+from tfmjax.checkpoint.store import CHECKPOINTS_SUBDIR, Store, abstract_target, structure_diff
 from tfmjax.config import diff
 
 log = logging.getLogger("tfmjax.checkpoint")
@@ -35,8 +41,14 @@ class Checkpointer:
     (or :meth:`close`) before the process exits.
     """
 
-    def __init__(self, directory: str | Path, *, keep: int = 3, best_metric: str | None = None,
-                 best_mode: str = "max"):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        keep: int = 3,
+        best_metric: str | None = None,
+        best_mode: str = "max",
+    ):
         if not isinstance(keep, int) or keep < 1:
             raise CheckpointError(f"keep={keep!r} is invalid: must be an int >= 1")
         if best_mode not in ("max", "min"):
@@ -58,20 +70,30 @@ class Checkpointer:
                 return _worst if math.isnan(value) else value
 
             # BestN keeps the n largest metric values; reverse=True keeps the n smallest.
-            policies.append(ocm.BestN(get_metric_fn=best_fn, reverse=best_mode == "min", n=1,
-                                      keep_checkpoints_without_metrics=False))
+            policies.append(
+                ocm.BestN(
+                    get_metric_fn=best_fn,
+                    reverse=best_mode == "min",
+                    n=1,
+                    keep_checkpoints_without_metrics=False,
+                )
+            )
         options = ocp.CheckpointManagerOptions(
             # best_fn (with no max_to_keep) only makes orbax write and re-read the metrics;
             # what is kept is decided by preservation_policy alone.
             best_fn=best_fn,
             best_mode=best_mode,
             preservation_policy=ocm.AnyPreservationPolicy(policies),
-            cleanup_tmp_directories=True,      # remove tmp dirs left by a killed save
+            cleanup_tmp_directories=True,  # remove tmp dirs left by a killed save
             enable_async_checkpointing=True,
             create=True,
         )
-        self._store = Store(self.checkpoints_dir, writable=True,
-                             state_handler=ocp.StandardCheckpointHandler(), options=options)
+        self._store = Store(
+            self.checkpoints_dir,
+            writable=True,
+            state_handler=ocp.StandardCheckpointHandler(),
+            options=options,
+        )
         self._mgr = self._store.mgr
         self._closed = False
 
@@ -87,18 +109,21 @@ class Checkpointer:
         self._check_open()
         step = int(step)
         with signals_deferred():
-            latest = self._mgr.latest_step()      # includes a save still in flight
+            latest = self._mgr.latest_step()  # includes a save still in flight
             if latest is not None and step == latest:
                 log.info("checkpoint step %d is already saved; not saving it again", step)
                 return False
             if latest is not None and step < latest:
                 raise CheckpointError(
                     f"cannot save step {step}: {self.checkpoints_dir} already holds a newer "
-                    f"checkpoint (step {latest}); resume from it or use a fresh workdir")
+                    f"checkpoint (step {latest}); resume from it or use a fresh workdir"
+                )
             config_json = jsonable(config)
             if not isinstance(config_json, dict):
-                raise CheckpointError(f"save(config=...) must be the experiment config as a dict, "
-                                      f"got {type(config).__name__}")
+                raise CheckpointError(
+                    f"save(config=...) must be the experiment config as a dict, "
+                    f"got {type(config).__name__}"
+                )
             metrics_json = jsonable(dict(metrics)) if metrics is not None else None
             params_at = params_path(state)
             state_hash, sub_hash = state_hashes(state, params_at)
@@ -111,18 +136,25 @@ class Checkpointer:
                 "config_hash": json_hash(config_json),
                 "arrays": array_table(state),
                 "metrics": metrics_json,
-                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "time": datetime.datetime.now(datetime.UTC).isoformat(),
                 "tfmjax_version": tfmjax.__version__,
             }
             try:
-                return bool(self._mgr.save(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state),
-                    config=ocp.args.JsonSave(config_json),
-                    metadata=ocp.args.JsonSave(metadata),
-                ), metrics=metrics_json))
+                return bool(
+                    self._mgr.save(
+                        step,
+                        args=ocp.args.Composite(
+                            state=ocp.args.StandardSave(state),
+                            config=ocp.args.JsonSave(config_json),
+                            metadata=ocp.args.JsonSave(metadata),
+                        ),
+                        metrics=metrics_json,
+                    )
+                )
             except Exception as err:  # noqa: BLE001
-                raise CheckpointError(f"saving checkpoint step {step} failed: {short_error(err)}") \
-                    from err
+                raise CheckpointError(
+                    f"saving checkpoint step {step} failed: {short_error(err)}"
+                ) from err
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed. Safe from a signal handler."""
@@ -166,8 +198,9 @@ class Checkpointer:
         """Finalized steps on disk, ascending."""
         return self._store.steps()
 
-    def restore(self, abstract_state: Any, *, config: Any = None,
-                step: int | None = None) -> tuple[Any, int]:
+    def restore(
+        self, abstract_state: Any, *, config: Any = None, step: int | None = None
+    ) -> tuple[Any, int]:
         """``(state, step)`` of the newest good checkpoint (or of ``step``).
 
         ``abstract_state``: a pytree of ``jax.ShapeDtypeStruct`` (e.g. ``jax.eval_shape`` of
@@ -179,7 +212,7 @@ class Checkpointer:
         save those step numbers again. With ``step`` given there is no fall-back.
         """
         self._check_open()
-        self.wait()                      # a save of our own may still be in flight
+        self.wait()  # a save of our own may still be in flight
         self._mgr.reload()
         target = abstract_target(abstract_state)
         target_table = array_table(target)
@@ -191,17 +224,23 @@ class Checkpointer:
                 lines = diff(saved_config, config_now, labels=("checkpoint", "now"))
                 if len(lines) == 1:
                     raise CheckpointError(
-                        f"checkpoint was written by a different model config: {lines[0]}")
+                        f"checkpoint was written by a different model config: {lines[0]}"
+                    )
                 if lines:
-                    raise CheckpointError("checkpoint was written by a different model config:\n  "
-                                          + "\n  ".join(lines))
+                    raise CheckpointError(
+                        "checkpoint was written by a different model config:\n  "
+                        + "\n  ".join(lines)
+                    )
             problems = structure_diff(metadata.get("arrays", {}), target_table)
             if problems:
-                raise CheckpointError(f"checkpoint step {s} does not fit the state to restore "
-                                      f"into: {'; '.join(problems)}")
+                raise CheckpointError(
+                    f"checkpoint step {s} does not fit the state to restore "
+                    f"into: {'; '.join(problems)}"
+                )
             try:
-                out = self._mgr.restore(s, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(target)))
+                out = self._mgr.restore(
+                    s, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+                )
                 state = out["state"]
             except Exception as err:  # noqa: BLE001
                 raise CorruptStep(f"state unreadable: {short_error(err)}") from None
@@ -211,8 +250,9 @@ class Checkpointer:
 
         return self._store.first_good(step, read_one)
 
-    def restore_or_none(self, abstract_state: Any, *, config: Any = None,
-                        step: int | None = None) -> tuple[Any, int] | None:
+    def restore_or_none(
+        self, abstract_state: Any, *, config: Any = None, step: int | None = None
+    ) -> tuple[Any, int] | None:
         """Like :meth:`restore`, but ``None`` when there is no checkpoint at all."""
         if step is None and not self._store.steps():
             return None

@@ -1,4 +1,5 @@
 """Signals held back around Orbax calls, and Orbax's absl chatter kept quiet."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ def signals_deferred():
     previous = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
         handler = signal.getsignal(sig)
-        if handler is None:                    # installed outside Python: leave it alone
+        if handler is None:  # installed outside Python: leave it alone
             continue
         previous[sig] = handler
         signal.signal(sig, lambda signum, frame: pending.append(signum))
@@ -32,7 +33,7 @@ def signals_deferred():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for sig in dict.fromkeys(pending):     # each pending signal once, in arrival order
+        for sig in dict.fromkeys(pending):  # each pending signal once, in arrival order
             signal.raise_signal(sig)
 
 

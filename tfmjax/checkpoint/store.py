@@ -4,6 +4,7 @@ Layout: ``<dir>/checkpoints/<step>/{state,config,metadata}``; a save in progress
 ``<step>.orbax-checkpoint-tmp`` (never listed), a step that failed verification is moved to
 ``<step>.corrupt``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ log = logging.getLogger("tfmjax.checkpoint")
 
 CHECKPOINTS_SUBDIR = "checkpoints"
 CORRUPT_SUFFIX = ".corrupt"
-TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX      # ".orbax-checkpoint-tmp"
+TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # ".orbax-checkpoint-tmp"
 ITEMS = ("state", "config", "metadata")
 
 
@@ -46,8 +47,9 @@ def structure_diff(saved: Mapping[str, list], target: Mapping[str, list]) -> lis
         if path in target:
             (s_shape, s_dtype), (t_shape, t_dtype) = saved[path], target[path]
             if list(s_shape) != list(t_shape):
-                mismatched.append(f"{path}: shape {tuple(s_shape)} (checkpoint) != "
-                                  f"{tuple(t_shape)} (now)")
+                mismatched.append(
+                    f"{path}: shape {tuple(s_shape)} (checkpoint) != {tuple(t_shape)} (now)"
+                )
             elif s_dtype != t_dtype:
                 mismatched.append(f"{path}: dtype {s_dtype} (checkpoint) != {t_dtype} (now)")
     if mismatched:
@@ -88,8 +90,9 @@ def resolve(directory: str | Path) -> tuple[Path, int | None]:
     if not path.exists():
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
     if TMP_SUFFIX in path.name:
-        raise CheckpointError(f"{str(path)!r} is an unfinished save (orbax tmp dir), "
-                              "not a checkpoint")
+        raise CheckpointError(
+            f"{str(path)!r} is an unfinished save (orbax tmp dir), not a checkpoint"
+        )
     if (path / CHECKPOINTS_SUBDIR).is_dir():
         return path / CHECKPOINTS_SUBDIR, None
     if path.name.isdigit() and any((path / item).exists() for item in ITEMS):
@@ -100,15 +103,25 @@ def resolve(directory: str | Path) -> tuple[Path, int | None]:
 class Store:
     """An orbax CheckpointManager over ``checkpoints_dir`` plus verified per-step reads."""
 
-    def __init__(self, checkpoints_dir: Path, *, writable: bool, state_handler,
-                 options: ocp.CheckpointManagerOptions):
+    def __init__(
+        self,
+        checkpoints_dir: Path,
+        *,
+        writable: bool,
+        state_handler,
+        options: ocp.CheckpointManagerOptions,
+    ):
         self.dir = checkpoints_dir
         self.writable = writable
-        handlers = {"state": state_handler, "config": ocp.JsonCheckpointHandler(),
-                    "metadata": ocp.JsonCheckpointHandler()}
+        handlers = {
+            "state": state_handler,
+            "config": ocp.JsonCheckpointHandler(),
+            "metadata": ocp.JsonCheckpointHandler(),
+        }
         with quiet_absl():
-            self.mgr = ocp.CheckpointManager(checkpoints_dir, options=options,
-                                             item_handlers=handlers)
+            self.mgr = ocp.CheckpointManager(
+                checkpoints_dir, options=options, item_handlers=handlers
+            )
 
     def steps(self) -> list[int]:
         return finalized_steps(self.dir)
@@ -116,8 +129,12 @@ class Store:
     def read_json(self, step: int) -> tuple[dict, dict]:
         """``(metadata, config)`` of ``step``, checked; raises CorruptStep."""
         try:
-            out = self.mgr.restore(step, args=ocp.args.Composite(
-                metadata=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
+            out = self.mgr.restore(
+                step,
+                args=ocp.args.Composite(
+                    metadata=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()
+                ),
+            )
             metadata, config = out["metadata"], out["config"]
         except Exception as err:  # noqa: BLE001  (any failure to read means: not usable)
             raise CorruptStep(f"metadata/config unreadable: {short_error(err)}") from None
@@ -148,8 +165,9 @@ class Store:
             return steps[::-1]
         if step not in steps:
             available = ", ".join(map(str, steps)) or "none"
-            raise CheckpointError(f"no checkpoint for step {step} in {self.dir} "
-                                  f"(available steps: {available})")
+            raise CheckpointError(
+                f"no checkpoint for step {step} in {self.dir} (available steps: {available})"
+            )
         return [step]
 
     def first_good(self, step: int | None, read_one):
@@ -169,8 +187,9 @@ class Store:
                 failures.append(f"step {s}: {err}")
                 corrupt.append(s)
                 if step is not None:
-                    raise CheckpointError(f"checkpoint step {s} in {self.dir} is corrupt ({err})") \
-                        from None
+                    raise CheckpointError(
+                        f"checkpoint step {s} in {self.dir} is corrupt ({err})"
+                    ) from None
                 nxt = candidates[i + 1] if i + 1 < len(candidates) else None
                 then = f"falling back to step {nxt}" if nxt is not None else "no older checkpoint"
                 log.warning("checkpoint step %d is corrupt (%s); %s", s, err, then)
@@ -179,14 +198,22 @@ class Store:
                 # Only once a good step is found: a passing outage never moves everything aside.
                 for bad in corrupt:
                     with contextlib.suppress(OSError):
-                        log.info("moved corrupt checkpoint step %d aside to %s", bad,
-                                 self.quarantine(bad))
+                        log.info(
+                            "moved corrupt checkpoint step %d aside to %s",
+                            bad,
+                            self.quarantine(bad),
+                        )
             return result, s
         raise CheckpointError(f"no good checkpoint in {self.dir}: {'; '.join(failures)}")
 
 
 def reader(checkpoints_dir: Path) -> Store:
-    options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0,
-                                           enable_async_checkpointing=False)
-    return Store(checkpoints_dir, writable=False, state_handler=ocp.PyTreeCheckpointHandler(),
-                  options=options)
+    options = ocp.CheckpointManagerOptions(
+        read_only=True, create=False, save_interval_steps=0, enable_async_checkpointing=False
+    )
+    return Store(
+        checkpoints_dir,
+        writable=False,
+        state_handler=ocp.PyTreeCheckpointHandler(),
+        options=options,
+    )

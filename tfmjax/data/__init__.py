@@ -1,7 +1,7 @@
 """Toy seq2seq tasks and deterministic fixed-shape batching (pure Python + NumPy).
 
-    task = make_task("reverse", max_len=8)
-    batch = make_batch(task, batch_format="prompt_answer", batch_size=32, seed=0, step=step)
+task = make_task("reverse", max_len=8)
+batch = make_batch(task, batch_format="prompt_answer", batch_size=32, seed=0, step=step)
 """
 
 from tfmjax.data.base import SPLITS, Task, example_split

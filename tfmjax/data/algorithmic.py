@@ -1,4 +1,5 @@
-"""Sequence-manipulation tasks: copy, reverse, sort, Dyck completion, associative recall, induction head.
+"""Sequence-manipulation tasks: copy, reverse, sort, Dyck completion, associative recall,
+induction head.
 
 All lengths are in tokens and exclude BOS/EOS. For every task here the "length"
 split draws its length parameter from (max, 2 * max] instead of [min, max].
@@ -53,7 +54,7 @@ class _SymbolSequenceTask(Task):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CopyTask(_SymbolSequenceTask):
-    """"c a b" -> "c a b"."""
+    """ "c a b" -> "c a b"."""
 
     name: ClassVar[str] = "copy"
 
@@ -63,7 +64,7 @@ class CopyTask(_SymbolSequenceTask):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReverseTask(_SymbolSequenceTask):
-    """"c a b" -> "b a c"."""
+    """ "c a b" -> "b a c"."""
 
     name: ClassVar[str] = "reverse"
 
@@ -73,7 +74,7 @@ class ReverseTask(_SymbolSequenceTask):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SortTask(_SymbolSequenceTask):
-    """"c a b a" -> "a a b c" (ascending symbol order, repeats kept)."""
+    """ "c a b a" -> "a a b c" (ascending symbol order, repeats kept)."""
 
     name: ClassVar[str] = "sort"
 
@@ -172,7 +173,10 @@ class AssociativeRecallTask(Task):
         return self.max_pairs < self.num_keys
 
     def _no_length_reason(self) -> str:
-        return f"max_pairs ({self.max_pairs}) must be < num_keys ({self.num_keys}) to have longer examples"
+        return (
+            f"max_pairs ({self.max_pairs}) must be < num_keys ({self.num_keys}) "
+            "to have longer examples"
+        )
 
     def _pairs_range(self, long: bool) -> tuple[int, int]:
         if long:
@@ -187,7 +191,7 @@ class AssociativeRecallTask(Task):
         keys = (rng.choice(self.num_keys, size=n, replace=False) + key0).tolist()
         values = (rng.integers(0, self.num_values, size=n) + val0).tolist()
         q = int(rng.integers(0, n))
-        source = [tok for kv in zip(keys, values) for tok in kv]
+        source = [tok for kv in zip(keys, values, strict=True) for tok in kv]
         source += [self.vocab.size - 1, keys[q]]  # "?" is the last symbol
         return source, [values[q]]
 

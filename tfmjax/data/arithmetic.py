@@ -29,7 +29,9 @@ class AdditionTask(Task):
     def __post_init__(self) -> None:
         check_int("addition", "num_digits", self.num_digits, 1)
         if not isinstance(self.reversed_answer, bool):
-            raise ValueError(f"task {self.name!r}: reversed_answer must be a bool, got {self.reversed_answer!r}")
+            raise ValueError(
+                f"task {self.name!r}: reversed_answer must be a bool, got {self.reversed_answer!r}"
+            )
         object.__setattr__(self, "vocab", Vocab(_DIGITS + ["+"]))
 
     @property

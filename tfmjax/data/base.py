@@ -29,7 +29,7 @@ Example = tuple[list[int], list[int]]  # (source ids, target ids), no BOS/EOS
 
 
 def example_split(source: Sequence[int]) -> str:
-    """"train" or "eval" for an in-distribution source, by a stable hash (not hash())."""
+    """ "train" or "eval" for an in-distribution source, by a stable hash (not hash())."""
     data = ",".join(str(int(i)) for i in source).encode()
     h = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
     return "eval" if h % EVAL_BUCKETS == 0 else "train"
@@ -75,7 +75,9 @@ class Task(abc.ABC):
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
         if split == "length" and not self.supports_length_split:
-            raise ValueError(f"task {self.name!r} has no 'length' split: {self._no_length_reason()}")
+            raise ValueError(
+                f"task {self.name!r} has no 'length' split: {self._no_length_reason()}"
+            )
 
     def sample(self, rng: np.random.Generator, split: str) -> Example:
         """One (source ids, target ids) pair of `split`, without BOS/EOS; uses only `rng`."""

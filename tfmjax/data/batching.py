@@ -30,9 +30,11 @@ Batch = dict[str, np.ndarray]
 
 def _check_format(batch_format: str | None) -> None:
     if batch_format not in BATCH_FORMATS:
-        raise ValueError(f"unknown batch format {batch_format!r} (valid formats: "
-                         f"{', '.join(BATCH_FORMATS)}); a model family without a format cannot "
-                         "train on toy tasks")
+        raise ValueError(
+            f"unknown batch format {batch_format!r} (valid formats: "
+            f"{', '.join(BATCH_FORMATS)}); a model family without a format cannot "
+            "train on toy tasks"
+        )
 
 
 def _check_int_arg(name: str, value: int, lo: int) -> None:
@@ -49,8 +51,9 @@ def batch_widths(task: Task, *, batch_format: str, split: str = "train") -> dict
     return {"tokens": src + tgt}
 
 
-def collate(task: Task, examples: Sequence[Example], *, batch_format: str,
-            split: str = "train") -> Batch:
+def collate(
+    task: Task, examples: Sequence[Example], *, batch_format: str, split: str = "train"
+) -> Batch:
     """(source, target) pairs -> padded numpy batch of `batch_format` (see module docstring)."""
     widths = batch_widths(task, batch_format=batch_format, split=split)
     b = len(examples)
@@ -94,20 +97,36 @@ def make_batch(
 
 
 def iterate_batches(
-    task: Task, *, batch_format: str, batch_size: int, seed: int, start_step: int = 0,
-    split: str = "train"
+    task: Task,
+    *,
+    batch_format: str,
+    batch_size: int,
+    seed: int,
+    start_step: int = 0,
+    split: str = "train",
 ) -> Iterator[Batch]:
     """Endless make_batch(step) for step = start_step, start_step + 1, ... (resumable)."""
     step = start_step
     while True:
-        yield make_batch(task, batch_format=batch_format, batch_size=batch_size, seed=seed,
-                         step=step, split=split)
+        yield make_batch(
+            task,
+            batch_format=batch_format,
+            batch_size=batch_size,
+            seed=seed,
+            step=step,
+            split=split,
+        )
         step += 1
 
 
 def eval_batches(
-    task: Task, *, batch_format: str, batch_size: int, num_examples: int, seed: int = 0,
-    split: str = "eval"
+    task: Task,
+    *,
+    batch_format: str,
+    batch_size: int,
+    num_examples: int,
+    seed: int = 0,
+    split: str = "eval",
 ) -> list[Batch]:
     """A fixed list of ceil(num_examples / batch_size) full batches (num_examples rounds up,
     so every batch has shape [batch_size, ...] and no example mask is needed)."""
@@ -115,13 +134,21 @@ def eval_batches(
     _check_int_arg("num_examples", num_examples, 1)
     n = -(-num_examples // batch_size)
     return [
-        make_batch(task, batch_format=batch_format, batch_size=batch_size, seed=seed, step=step,
-                   split=split)
+        make_batch(
+            task,
+            batch_format=batch_format,
+            batch_size=batch_size,
+            seed=seed,
+            step=step,
+            split=split,
+        )
         for step in range(n)
     ]
 
 
-def split_prompt_answer(tokens: Sequence[int] | np.ndarray, prompt_len: int) -> tuple[list[int], list[int]]:
+def split_prompt_answer(
+    tokens: Sequence[int] | np.ndarray, prompt_len: int
+) -> tuple[list[int], list[int]]:
     """One prompt_answer row -> (source ids, answer ids): drops SEP, stops before EOS/PAD."""
     row = [int(t) for t in tokens]
     answer = []

@@ -26,7 +26,9 @@ from tfmjax.data.vocab import Vocab
 
 PRIMITIVES = ("walk", "look", "run", "jump")
 DIRECTIONS = ("left", "right")
-COMMAND_WORDS = PRIMITIVES + ("turn",) + DIRECTIONS + ("opposite", "around", "twice", "thrice", "and", "after")
+COMMAND_WORDS = (
+    PRIMITIVES + ("turn",) + DIRECTIONS + ("opposite", "around", "twice", "thrice", "and", "after")
+)
 ACTIONS = ("WALK", "LOOK", "RUN", "JUMP", "LTURN", "RTURN")
 SCAN_VOCAB = Vocab(COMMAND_WORDS + ACTIONS)
 MAX_COMMAND_WORDS = 9  # "jump around left thrice and walk opposite right twice"
@@ -61,7 +63,7 @@ def enumerate_commands() -> list[tuple[str, str]]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _encoded_commands() -> tuple[tuple[list[int], list[int], str], ...]:
     """All commands as (source ids, target ids, "train"|"eval" hash bucket)."""
     out = []
@@ -71,10 +73,16 @@ def _encoded_commands() -> tuple[tuple[list[int], list[int], str], ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pools(max_actions: int) -> dict[str, tuple[tuple[list[int], list[int]], ...]]:
-    """Commands per split: train/eval (and their union "in") have <= max_actions actions, length more."""
-    pools: dict[str, list[tuple[list[int], list[int]]]] = {"train": [], "eval": [], "length": [], "in": []}
+    """Commands per split: train/eval (and their union "in") have <= max_actions actions,
+    length more."""
+    pools: dict[str, list[tuple[list[int], list[int]]]] = {
+        "train": [],
+        "eval": [],
+        "length": [],
+        "in": [],
+    }
     for src, tgt, bucket in _encoded_commands():
         if len(tgt) > max_actions:
             pools["length"].append((src, tgt))
@@ -105,7 +113,10 @@ class ScanTask(Task):
         return self.max_actions < MAX_ACTIONS
 
     def _no_length_reason(self) -> str:
-        return f"max_actions={self.max_actions} already admits every command (the longest has {MAX_ACTIONS} actions)"
+        return (
+            f"max_actions={self.max_actions} already admits every command "
+            f"(the longest has {MAX_ACTIONS} actions)"
+        )
 
     def sample(self, rng: np.random.Generator, split: str) -> Example:
         """Uniform over the split's pre-partitioned commands (no rejection needed)."""
@@ -115,7 +126,9 @@ class ScanTask(Task):
     def _draw(self, rng: np.random.Generator, pool_name: str) -> Example:
         pool = _pools(self.max_actions)[pool_name]
         if not pool:
-            raise ValueError(f"task 'scan': no {pool_name!r} commands with max_actions={self.max_actions}")
+            raise ValueError(
+                f"task 'scan': no {pool_name!r} commands with max_actions={self.max_actions}"
+            )
         src, tgt = pool[int(rng.integers(0, len(pool)))]
         return list(src), list(tgt)
 
@@ -126,7 +139,7 @@ class ScanTask(Task):
         return _pool_max_lengths(self.max_actions, "length" if long else "in")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pool_max_lengths(max_actions: int, pool_name: str) -> tuple[int, int]:
     pool = _pools(max_actions)[pool_name]
     return max((len(s) for s, _ in pool), default=0), max((len(t) for _, t in pool), default=0)

@@ -36,11 +36,15 @@ class Vocab:
         tokens = RESERVED_TOKENS + symbols
         for tok in symbols:
             if not isinstance(tok, str) or not tok or tok.split() != [tok]:
-                raise ValueError(f"vocab symbols must be non-empty strings without whitespace, got {tok!r}")
+                raise ValueError(
+                    f"vocab symbols must be non-empty strings without whitespace, got {tok!r}"
+                )
         index = {tok: i for i, tok in enumerate(tokens)}
         if len(index) != len(tokens):
             dupes = sorted({t for t in tokens if tokens.count(t) > 1})
-            raise ValueError(f"duplicate vocab tokens (symbols may not repeat or reuse reserved names): {dupes}")
+            raise ValueError(
+                f"duplicate vocab tokens (symbols may not repeat or reuse reserved names): {dupes}"
+            )
         object.__setattr__(self, "_index", index)
 
     @property
@@ -61,7 +65,9 @@ class Vocab:
         try:
             return self._index[token]
         except KeyError:
-            raise ValueError(f"unknown symbol {token!r}; valid symbols: {self._listing()}") from None
+            raise ValueError(
+                f"unknown symbol {token!r}; valid symbols: {self._listing()}"
+            ) from None
 
     def encode(self, text: str) -> list[int]:
         """Space-separated symbols -> ids (no BOS/EOS added). "" -> []."""

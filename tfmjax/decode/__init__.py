@@ -11,11 +11,21 @@ model-specific parts (prompt layout, KV cache, prefill, one decode step) are met
 model family (:mod:`tfmjax.models.family`); the cache pytree is
 :class:`tfmjax.models.cache.KVCache`.
 """
+
 from tfmjax.decode.api import generate
 from tfmjax.decode.loop import GenerateOutput
 from tfmjax.decode.reference import full_logits, generate_uncached
-from tfmjax.decode.strategies import (BeamSearch, Greedy, Temperature, TopK, TopP,
-                                      nucleus_mask)
+from tfmjax.decode.strategies import BeamSearch, Greedy, Temperature, TopK, TopP, nucleus_mask
 
-__all__ = ["generate", "generate_uncached", "full_logits", "GenerateOutput", "Greedy",
-           "Temperature", "TopK", "TopP", "BeamSearch", "nucleus_mask"]
+__all__ = [
+    "generate",
+    "generate_uncached",
+    "full_logits",
+    "GenerateOutput",
+    "Greedy",
+    "Temperature",
+    "TopK",
+    "TopP",
+    "BeamSearch",
+    "nucleus_mask",
+]

@@ -5,6 +5,7 @@ so it compiles once per (those, prompt shape) and is reused after; ``eos_id`` an
 traced. The model family does the model-specific parts (prompt layout, cache, prefill, one
 decode step: :mod:`tfmjax.models.family`); this module and the loops never look at its kind.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,22 +25,28 @@ def check_model(model):
     """The model as generation needs it: a family that generates, dropout off."""
     if not getattr(model, "can_generate", False):
         family = getattr(model, "family", type(model).__name__)
-        raise ValueError(f"cannot generate with model family {family!r}: build a decoder_only "
-                         "or encoder_decoder model with tfmjax.models.build")
+        raise ValueError(
+            f"cannot generate with model family {family!r}: build a decoder_only "
+            "or encoder_decoder model with tfmjax.models.build"
+        )
     return model if model.deterministic else model.clone(deterministic=True)
 
 
 def check_strategy(strategy, vocab_size: int) -> None:
     if not isinstance(strategy, STRATEGIES):
-        raise ValueError(f"strategy={strategy!r} is not one of "
-                         f"{', '.join(s.__name__ for s in STRATEGIES)}")
+        raise ValueError(
+            f"strategy={strategy!r} is not one of {', '.join(s.__name__ for s in STRATEGIES)}"
+        )
     if isinstance(strategy, TopK) and strategy.k > vocab_size:
         raise ValueError(f"TopK(k={strategy.k}) exceeds the vocabulary size {vocab_size}")
 
 
 def check_max_new_tokens(max_new_tokens) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
-            or max_new_tokens < 1:
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, (int, np.integer))
+        or max_new_tokens < 1
+    ):
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: must be an int >= 1")
 
 
@@ -54,16 +61,18 @@ def checked_prompts(model, prompts, max_new_tokens: int) -> np.ndarray:
 def _as_key(rng, strategy):
     if rng is None:
         if not isinstance(strategy, (Greedy, BeamSearch)):
-            raise ValueError(f"{type(strategy).__name__} samples: pass rng=jax.random.key(seed) "
-                             "(or an int seed)")
+            raise ValueError(
+                f"{type(strategy).__name__} samples: pass rng=jax.random.key(seed) (or an int seed)"
+            )
         return jax.random.key(0)
     if isinstance(rng, int) and not isinstance(rng, bool):
         return jax.random.key(rng)
     return rng
 
 
-def generate(model, params, prompts, strategy, max_new_tokens: int, *, rng=None,
-             eos_id: int | None = EOS_ID) -> GenerateOutput:
+def generate(
+    model, params, prompts, strategy, max_new_tokens: int, *, rng=None, eos_id: int | None = EOS_ID
+) -> GenerateOutput:
     """Generate ``max_new_tokens`` (``M``) tokens per prompt with a KV cache.
 
     ``model``: a module from :func:`tfmjax.models.build` whose family generates
@@ -82,19 +91,27 @@ def generate(model, params, prompts, strategy, max_new_tokens: int, *, rng=None,
     model = check_model(model)
     check_strategy(strategy, model.config.vocab_size)
     arr = checked_prompts(model, prompts, max_new_tokens)
-    if eos_id is not None and (isinstance(eos_id, bool)
-                               or not isinstance(eos_id, (int, np.integer))):
+    if eos_id is not None and (
+        isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))
+    ):
         raise ValueError(f"eos_id={eos_id!r} is invalid: must be a token id (int) or None")
     eos = -1 if eos_id is None else int(eos_id)
     key = _as_key(rng, strategy)
     arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr))
-    return _generate_jit(params, arrays, key, jnp.int32(eos), model=model, strategy=strategy,
-                         max_new_tokens=int(max_new_tokens))
+    return _generate_jit(
+        params,
+        arrays,
+        key,
+        jnp.int32(eos),
+        model=model,
+        strategy=strategy,
+        max_new_tokens=int(max_new_tokens),
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("model", "strategy", "max_new_tokens"))
 def _generate_jit(params, arrays, rng, eos_id, *, model, strategy, max_new_tokens):
-    model, params = model.unrolled(params)       # once, outside the loop
+    model, params = model.unrolled(params)  # once, outside the loop
     logits, cache = model.prefill(params, arrays, max_new_tokens)
     step_fn = functools.partial(model.decode_step, params)
     if isinstance(strategy, BeamSearch):

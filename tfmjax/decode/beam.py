@@ -16,6 +16,7 @@ An item is finished when its best alive beam cannot beat its best finished hypot
 at the longest length (``alive_lp / lp(max_new_tokens) < best``, valid for ``alpha >= 0``);
 the loop stops when every item is. Returns the best finished hypothesis of each item.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -25,20 +26,20 @@ import jax.numpy as jnp
 
 from tfmjax.decode.loop import GenerateOutput
 
-NEG = -1.0e9   # the score of an empty slot (finite: no inf - inf)
+NEG = -1.0e9  # the score of an empty slot (finite: no inf - inf)
 
 
 class _Beams(NamedTuple):
     t: Any
-    alive_seq: Any    # [B,W,M]
-    alive_lp: Any     # [B,W]
-    fin_seq: Any      # [B,W,M]
-    fin_score: Any    # [B,W] length-penalised, sorted descending
-    fin_lp: Any       # [B,W]
-    fin_len: Any      # [B,W]
-    done: Any         # [B]
-    logits: Any       # [B*W,V]
-    cache: Any        # B*W rows
+    alive_seq: Any  # [B,W,M]
+    alive_lp: Any  # [B,W]
+    fin_seq: Any  # [B,W,M]
+    fin_score: Any  # [B,W] length-penalised, sorted descending
+    fin_lp: Any  # [B,W]
+    fin_len: Any  # [B,W]
+    done: Any  # [B]
+    logits: Any  # [B*W,V]
+    cache: Any  # B*W rows
 
 
 def _gather(x, idx):
@@ -52,9 +53,9 @@ def _select(s: _Beams, strategy, max_new_tokens: int, eos_id):
     V = s.logits.shape[-1]
     log_p = jax.nn.log_softmax(s.logits, axis=-1).reshape(B, W, V)
     cand = (s.alive_lp[:, :, None] + log_p).reshape(B, W * V)
-    top_lp, top_idx = jax.lax.top_k(cand, 2 * W)                        # [B,2W]
+    top_lp, top_idx = jax.lax.top_k(cand, 2 * W)  # [B,2W]
     parent, token = top_idx // V, (top_idx % V).astype(jnp.int32)
-    seqs = _gather(s.alive_seq, parent).at[:, :, s.t].set(token)        # [B,2W,M]
+    seqs = _gather(s.alive_seq, parent).at[:, :, s.t].set(token)  # [B,2W,M]
     is_eos = token == eos_id
     length = s.t + 1
     finishing = (is_eos | (length == max_new_tokens)) & (jnp.arange(2 * W) < W)[None, :]
@@ -67,14 +68,21 @@ def _select(s: _Beams, strategy, max_new_tokens: int, eos_id):
     cand_len = jnp.broadcast_to(length, (B, 2 * W)).astype(jnp.int32)
     fin_len = _gather(jnp.concatenate([s.fin_len, cand_len], axis=1), pick)
 
-    alive_lp, keep = jax.lax.top_k(jnp.where(is_eos, NEG, top_lp), W)   # [B,W]
+    alive_lp, keep = jax.lax.top_k(jnp.where(is_eos, NEG, top_lp), W)  # [B,W]
     alive_seq = _gather(seqs, keep)
     fed = _gather(token, keep).reshape(B * W)
     rows = (_gather(parent, keep) + W * jnp.arange(B)[:, None]).reshape(B * W)
     bound = alive_lp[:, 0] / strategy.length_penalty(max_new_tokens)
     done = s.done | (bound < fin_score[:, 0])
-    s = s._replace(alive_seq=alive_seq, alive_lp=alive_lp, fin_seq=fin_seq, fin_score=fin_score,
-                   fin_lp=fin_lp, fin_len=fin_len, done=done)
+    s = s._replace(
+        alive_seq=alive_seq,
+        alive_lp=alive_lp,
+        fin_seq=fin_seq,
+        fin_score=fin_score,
+        fin_lp=fin_lp,
+        fin_len=fin_len,
+        done=done,
+    )
     return s, fed, rows
 
 
@@ -83,13 +91,18 @@ def beam_search(step_fn, logits, cache, strategy, max_new_tokens: int, eos_id):
     B, V = logits.shape
     W, M = strategy.beam_size, max_new_tokens
     zeros_bw = jnp.zeros((B, W), jnp.float32)
-    s = _Beams(t=jnp.zeros((), jnp.int32),
-               alive_seq=jnp.zeros((B, W, M), jnp.int32),
-               alive_lp=zeros_bw.at[:, 1:].set(NEG),
-               fin_seq=jnp.zeros((B, W, M), jnp.int32), fin_score=zeros_bw + NEG,
-               fin_lp=zeros_bw, fin_len=jnp.zeros((B, W), jnp.int32),
-               done=jnp.zeros((B,), bool), logits=jnp.repeat(logits, W, axis=0),
-               cache=cache.repeat(W))
+    s = _Beams(
+        t=jnp.zeros((), jnp.int32),
+        alive_seq=jnp.zeros((B, W, M), jnp.int32),
+        alive_lp=zeros_bw.at[:, 1:].set(NEG),
+        fin_seq=jnp.zeros((B, W, M), jnp.int32),
+        fin_score=zeros_bw + NEG,
+        fin_lp=zeros_bw,
+        fin_len=jnp.zeros((B, W), jnp.int32),
+        done=jnp.zeros((B,), bool),
+        logits=jnp.repeat(logits, W, axis=0),
+        cache=cache.repeat(W),
+    )
 
     def cond(s):
         return (s.t < M - 1) & ~jnp.all(s.done)

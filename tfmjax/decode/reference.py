@@ -9,6 +9,7 @@ y_{t-1}``, **right**-padded (the cached path left-pads), then a placeholder at c
 Segment ids are passed explicitly, so a generated id 0 is a token, not padding, exactly as in
 the cached path.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,7 +23,7 @@ from tfmjax.decode.api import check_model, checked_prompts
 from tfmjax.decode.loop import GenerateOutput
 from tfmjax.models.prompts import prompt_lengths
 
-_PLACEHOLDER = 1   # any non-pad id; causal masking hides it from the logits we read
+_PLACEHOLDER = 1  # any non-pad id; causal masking hides it from the logits we read
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
@@ -32,8 +33,9 @@ def full_logits(model, params, tokens, segment_ids, context=None):
     return model.sequence_logits(params, tokens, segment_ids, context)
 
 
-def generate_uncached(model, params, prompts, max_new_tokens: int, *,
-                      eos_id: int | None = EOS_ID) -> GenerateOutput:
+def generate_uncached(
+    model, params, prompts, max_new_tokens: int, *, eos_id: int | None = EOS_ID
+) -> GenerateOutput:
     """Greedy decoding without a cache; same arguments and output as :func:`generate`."""
     model = check_model(model)
     M = int(max_new_tokens)
@@ -43,7 +45,7 @@ def generate_uncached(model, params, prompts, max_new_tokens: int, *,
     n = prompt_lengths(prefix)
     B = prefix.shape[0]
     buf = np.zeros((B, int(n.max(initial=0)) + M), np.int32)
-    buf[:, :prefix.shape[1]] = prefix
+    buf[:, : prefix.shape[1]] = prefix
     out = np.zeros((B, M), np.int32)
     done = np.zeros((B,), bool)
     lengths = np.zeros((B,), np.int32)
@@ -54,7 +56,7 @@ def generate_uncached(model, params, prompts, max_new_tokens: int, *,
         buf[rows, col] = _PLACEHOLDER
         segment_ids = (np.arange(buf.shape[1])[None, :] <= col[:, None]).astype(np.int32)
         logits = full_logits(model, params, jnp.asarray(buf), jnp.asarray(segment_ids), context)
-        step = np.asarray(logits)[rows, col]                                       # [B,V]
+        step = np.asarray(logits)[rows, col]  # [B,V]
         token = step.argmax(-1).astype(np.int32)
         log_p = np.asarray(jax.nn.log_softmax(jnp.asarray(step), axis=-1))[rows, token]
         live = ~done
@@ -65,5 +67,6 @@ def generate_uncached(model, params, prompts, max_new_tokens: int, *,
         buf[rows, col] = token
         if done.all():
             break
-    return GenerateOutput(jnp.asarray(out), jnp.asarray(lengths), jnp.asarray(log_probs),
-                          jnp.asarray(log_probs))
+    return GenerateOutput(
+        jnp.asarray(out), jnp.asarray(lengths), jnp.asarray(log_probs), jnp.asarray(log_probs)
+    )

@@ -1,18 +1,20 @@
-"""Decoding strategies (Holtzman et al. 2020 for top-p): small frozen dataclasses, hashable so ``jax.jit`` can
-take them as static arguments (one compile per strategy value).
+"""Decoding strategies: frozen dataclasses, hashable so ``jax.jit`` can take them as static
+arguments (one compile per strategy value).
 
 Sampling strategies pick one token per row from ``logits [B,V]`` with ``sample(logits, rng)``:
 
 * :class:`Greedy`: ``argmax_i p_i``.
 * :class:`Temperature`: ``i ~ softmax(logits / τ)``.
 * :class:`TopK`: sample among the ``k`` largest logits, renormalised, at temperature ``τ``.
-* :class:`TopP` (nucleus): the smallest set of most likely tokens whose probability under
+* :class:`TopP` (nucleus, Holtzman et al. 2020): the smallest set of most likely tokens
+  whose probability under
   ``softmax(logits / τ)`` reaches ``p`` (temperature first, as Hugging Face does), renormalised.
 
 :class:`BeamSearch` keeps ``beam_size`` hypotheses and ranks finished ones by the GNMT score
 ``log P(y) / lp(|y|)``, ``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016); see
 :mod:`tfmjax.decode.beam`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,10 +25,16 @@ import jax.numpy as jnp
 
 
 def _check_temperature(name: str, temperature) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not math.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"{name}(temperature={temperature!r}) is invalid: must be a finite "
-                         "number > 0 (use Greedy() for the temperature -> 0 limit)")
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
+        raise ValueError(
+            f"{name}(temperature={temperature!r}) is invalid: must be a finite "
+            "number > 0 (use Greedy() for the temperature -> 0 limit)"
+        )
 
 
 def _check_int(name: str, field: str, value, lo: int) -> None:
@@ -46,6 +54,7 @@ class Greedy:
 @dataclasses.dataclass(frozen=True)
 class Temperature:
     """Ancestral sampling from ``softmax(logits / temperature)``."""
+
     temperature: float = 1.0
 
     def __post_init__(self):
@@ -58,6 +67,7 @@ class Temperature:
 @dataclasses.dataclass(frozen=True)
 class TopK:
     """Sample among the ``k`` most likely tokens (exactly ``k``: ties broken by lowest id)."""
+
     k: int
     temperature: float = 1.0
 
@@ -66,7 +76,7 @@ class TopK:
         _check_temperature("TopK", self.temperature)
 
     def sample(self, logits, rng):
-        values, ids = jax.lax.top_k(logits, self.k)                       # [B,k] descending
+        values, ids = jax.lax.top_k(logits, self.k)  # [B,k] descending
         choice = jax.random.categorical(rng, values / self.temperature, axis=-1)
         return jnp.take_along_axis(ids, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
@@ -89,12 +99,16 @@ def nucleus_mask(logits, p: float, temperature: float = 1.0):
 @dataclasses.dataclass(frozen=True)
 class TopP:
     """Nucleus sampling: the smallest most-likely set with probability >= ``p``."""
+
     p: float
     temperature: float = 1.0
 
     def __post_init__(self):
-        if isinstance(self.p, bool) or not isinstance(self.p, (int, float)) \
-                or not 0.0 < self.p <= 1.0:
+        if (
+            isinstance(self.p, bool)
+            or not isinstance(self.p, (int, float))
+            or not 0.0 < self.p <= 1.0
+        ):
             raise ValueError(f"TopP(p={self.p!r}) is invalid: must be a number in (0, 1]")
         _check_temperature("TopP", self.temperature)
 
@@ -107,15 +121,22 @@ class TopP:
 @dataclasses.dataclass(frozen=True)
 class BeamSearch:
     """Beam search with ``beam_size`` hypotheses and GNMT length penalty ``alpha`` (>= 0)."""
+
     beam_size: int = 4
     alpha: float = 0.6
 
     def __post_init__(self):
         _check_int("BeamSearch", "beam_size", self.beam_size, 1)
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
-                or not math.isfinite(self.alpha) or self.alpha < 0:
-            raise ValueError(f"BeamSearch(alpha={self.alpha!r}) is invalid: must be a finite "
-                             "number >= 0 (0 = no length penalty)")
+        if (
+            isinstance(self.alpha, bool)
+            or not isinstance(self.alpha, (int, float))
+            or not math.isfinite(self.alpha)
+            or self.alpha < 0
+        ):
+            raise ValueError(
+                f"BeamSearch(alpha={self.alpha!r}) is invalid: must be a finite "
+                "number >= 0 (0 = no length penalty)"
+            )
 
     def length_penalty(self, length):
         """GNMT ``((5 + length) / 6) ** alpha``."""

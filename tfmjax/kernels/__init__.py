@@ -23,6 +23,7 @@ Under ``jit`` every branch is traced (only the lowered platform's is kept); an e
 evaluates the platform and runs the default backend's branch alone. One platform per
 lowering: a joint ``lowering_platforms=("cpu", "cuda")`` fails for pallas (see there).
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,8 +57,9 @@ LOWERING_PLATFORMS = tuple(PALLAS_FLAVOUR)
 BLOCKWISE_MIN_LEN_CPU = 512
 
 
-def choose_impl(impl: str, *, q_len: int, kv_len: int, has_bias: bool = False,
-                backend: str | None = None) -> str:
+def choose_impl(
+    impl: str, *, q_len: int, kv_len: int, has_bias: bool = False, backend: str | None = None
+) -> str:
     """The concrete implementation that ``impl`` resolves to for these shapes on ``backend``
     (a platform name; None: the default backend, i.e. what an eager call runs).
     :func:`attention` asks this for every platform in :data:`LOWERING_PLATFORMS`."""
@@ -66,7 +68,7 @@ def choose_impl(impl: str, *, q_len: int, kv_len: int, has_bias: bool = False,
     if impl != "auto":
         return impl
     if has_bias:
-        return "xla"   # a dense bias is the reference paths' escape hatch
+        return "xla"  # a dense bias is the reference paths' escape hatch
     backend = backend or jax.default_backend()
     if backend in ("gpu", "cuda", "rocm", "tpu") and _pallas_available():
         return "pallas"
@@ -89,8 +91,10 @@ def _pallas_available() -> bool:
 
 def _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window):
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"attention wants q [B,T,N,H] and k, v [B,S,K,H]; got ranks "
-                         f"{q.ndim}, {k.ndim}, {v.ndim}")
+        raise ValueError(
+            f"attention wants q [B,T,N,H] and k, v [B,S,K,H]; got ranks "
+            f"{q.ndim}, {k.ndim}, {v.ndim}"
+        )
     B, T, N, H = q.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[3] != H:
         raise ValueError(f"k {k.shape} and v {v.shape} must both be [B={B}, S, K, H={H}]")
@@ -98,10 +102,13 @@ def _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window):
         raise ValueError(f"query heads N={N} must be a multiple of key/value heads K={k.shape[2]}")
     if (q_segment_ids is None) != (kv_segment_ids is None):
         raise ValueError("pass both q_segment_ids and kv_segment_ids, or neither")
-    if q_segment_ids is not None and (q_segment_ids.shape != (B, T)
-                                      or kv_segment_ids.shape != (B, k.shape[1])):
-        raise ValueError(f"segment ids must be q [B={B}, T={T}] and kv [B={B}, S={k.shape[1]}]; "
-                         f"got {q_segment_ids.shape} and {kv_segment_ids.shape}")
+    if q_segment_ids is not None and (
+        q_segment_ids.shape != (B, T) or kv_segment_ids.shape != (B, k.shape[1])
+    ):
+        raise ValueError(
+            f"segment ids must be q [B={B}, T={T}] and kv [B={B}, S={k.shape[1]}]; "
+            f"got {q_segment_ids.shape} and {kv_segment_ids.shape}"
+        )
     if alibi_slopes is not None and alibi_slopes.shape != (N,):
         raise ValueError(f"alibi_slopes must have shape [N={N}], got {alibi_slopes.shape}")
     if bias is not None and (bias.ndim != 4 or bias.shape[-2:] != (T, k.shape[1])):
@@ -110,9 +117,21 @@ def _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window):
         raise ValueError(f"window={window} must be >= 0 (or None for no window)")
 
 
-def attention(q, k, v, *, causal: bool = False, q_segment_ids=None, kv_segment_ids=None,
-              window: int | None = None, alibi_slopes=None, bias=None, q_offset=0,
-              scale: float | None = None, impl: str = "auto"):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    window: int | None = None,
+    alibi_slopes=None,
+    bias=None,
+    q_offset=0,
+    scale: float | None = None,
+    impl: str = "auto",
+):
     """Attention of ``q [B,T,N,H]`` over ``k, v [B,S,K,H]``; returns ``[B,T,N,H]``.
 
     ``causal``: query at absolute position ``q_offset + t`` sees keys ``s <= q_offset + t``.
@@ -125,9 +144,16 @@ def attention(q, k, v, *, causal: bool = False, q_segment_ids=None, kv_segment_i
     lowered (see the module docstring), not from the default backend at trace time.
     """
     _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window)
-    kw = dict(causal=causal, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-              window=window, alibi_slopes=alibi_slopes, bias=bias, q_offset=q_offset,
-              scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    kw = dict(
+        causal=causal,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        window=window,
+        alibi_slopes=alibi_slopes,
+        bias=bias,
+        q_offset=q_offset,
+        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
+    )
     lengths = dict(q_len=q.shape[1], kv_len=k.shape[1], has_bias=bias is not None)
     if impl == "auto":
         per_platform = {p: choose_impl(impl, **lengths, backend=p) for p in LOWERING_PLATFORMS}
@@ -135,8 +161,10 @@ def attention(q, k, v, *, causal: bool = False, q_segment_ids=None, kv_segment_i
             return _platform_dependent(per_platform, q, k, v, kw)
     name = choose_impl(impl, **lengths)
     if bias is not None and name in ("blockwise", "pallas"):
-        raise ValueError(f"impl={name!r} takes structured masks only; a dense bias needs "
-                         "impl='xla' or 'reference'")
+        raise ValueError(
+            f"impl={name!r} takes structured masks only; a dense bias needs "
+            "impl='xla' or 'reference'"
+        )
     # "pallas" with no platform: the kernel module dispatches at lowering time itself.
     return importlib.import_module(_MODULES[name]).attention(q, k, v, **kw)
 
@@ -150,11 +178,18 @@ def _platform_dependent(per_platform: dict[str, str], q, k, v, kw):
         key = (name, PALLAS_FLAVOUR[platform] if name == "pallas" else None)
         if key not in fns:
             extra = {"platform": key[1]} if name == "pallas" else {}
-            fns[key] = functools.partial(importlib.import_module(_MODULES[name]).attention,
-                                         **kw, **extra)
+            fns[key] = functools.partial(
+                importlib.import_module(_MODULES[name]).attention, **kw, **extra
+            )
         branches[platform] = fns[key]
     return jax.lax.platform_dependent(q, k, v, **branches)
 
 
-__all__ = ["attention", "choose_impl", "IMPLS", "BLOCKWISE_MIN_LEN_CPU", "LOWERING_PLATFORMS",
-           "PALLAS_FLAVOUR"]
+__all__ = [
+    "attention",
+    "choose_impl",
+    "IMPLS",
+    "BLOCKWISE_MIN_LEN_CPU",
+    "LOWERING_PLATFORMS",
+    "PALLAS_FLAVOUR",
+]

@@ -1,4 +1,4 @@
-"""Blockwise attention in pure JAX: online softmax over key blocks (FlashAttention, Dao et al. 2022).
+"""Blockwise attention in pure JAX: online softmax over key blocks (FlashAttention, Dao 2022).
 
 Queries are cut into blocks of ``block_q`` rows and keys into blocks of ``block_k``
 columns. For each query block a loop over key blocks keeps the running row maximum
@@ -29,6 +29,7 @@ ALiBi slopes, segment ids and ``q_offset`` are treated as constants: they get no
 gradient. :func:`block_range` and :func:`block_mask` are shared with the Pallas
 kernels in :mod:`tfmjax.kernels.pallas_attention`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,6 +61,7 @@ class BlockSizes:
     13% at 4096 and 18-25% at 8192 (2048x2048 and 2048x1024 were no faster). ``None``
     backward sizes reuse the forward's.
     """
+
     block_q: int = 1024
     block_k: int = 1024
     block_q_bwd: int | None = 256
@@ -73,12 +75,14 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f.name}={value!r} must be a positive int")
 
     def backward(self) -> BlockSizes:
-        return dataclasses.replace(self, block_q=self.block_q_bwd or self.block_q,
-                                   block_k=self.block_k_bwd or self.block_k)
+        return dataclasses.replace(
+            self, block_q=self.block_q_bwd or self.block_q, block_k=self.block_k_bwd or self.block_k
+        )
 
 
 # ----------------------------------------------------------------------------------------
 # Block geometry, shared with pallas_attention.py.
+
 
 def distance_bounds(causal: bool, window: int | None):
     """Bounds ``(dmin, dmax)`` on ``d = p - s`` for a visible pair (None = unbounded).
@@ -95,12 +99,13 @@ def _floor_div(x, d: int):
     """``x // d`` for int32 ``x`` and a positive int ``d`` with only ops every Pallas
     backend lowers (``jnp.floor_divide`` needs ``sign``, which Mosaic TPU only lowers
     knowing the chip)."""
-    quot = lax.div(x, jnp.int32(d))                       # rounds towards zero
+    quot = lax.div(x, jnp.int32(d))  # rounds towards zero
     return jnp.where(x - quot * d < 0, quot - 1, quot)
 
 
-def block_range(a_lo, a_hi, block: int, num_blocks: int, dmin, dmax, *,
-                num_full: int, full_ok: bool = True):
+def block_range(
+    a_lo, a_hi, block: int, num_blocks: int, dmin, dmax, *, num_full: int, full_ok: bool = True
+):
     """Which blocks of the other axis positions ``a_lo..a_hi`` of this axis need.
 
     The other axis has blocks ``b`` covering positions ``b*block .. b*block+block-1``;
@@ -119,7 +124,7 @@ def block_range(a_lo, a_hi, block: int, num_blocks: int, dmin, dmax, *,
     hi = jnp.maximum(hi, lo)
     if not full_ok:
         return lo, hi, hi, hi
-    flo = lo if dmax is None else -div(dmax - a_hi, block)          # ceil((a_hi - dmax) / block)
+    flo = lo if dmax is None else -div(dmax - a_hi, block)  # ceil((a_hi - dmax) / block)
     fhi = jnp.int32(num_full) if dmin is None else div(a_lo - dmin + 1, block)
     fhi = jnp.minimum(fhi, num_full)
     flo = jnp.clip(flo, lo, hi)
@@ -149,9 +154,11 @@ def loop_over_ranges(lo, flo, fhi, hi, body, carry):
 # k, v [B*K, nk, bk, H]. A group's score block [G, bq, bk] then stays in cache between
 # the passes XLA makes over it (max, exp, sum, matmul).
 
+
 @dataclasses.dataclass(frozen=True)
 class _Static:
     """Everything static about one call (hashable: the custom_vjp's nondiff argument)."""
+
     causal: bool
     window: int | None
     scale: float
@@ -163,6 +170,7 @@ class _Static:
 @dataclasses.dataclass(frozen=True)
 class _Geometry:
     """Block sizes and counts of one pass, and the regrouping of the public layouts."""
+
     bq: int
     bk: int
     nq: int
@@ -190,7 +198,7 @@ class _Geometry:
         B = x.shape[0] // self.K
         x = x.reshape(B, self.K, self.nq, self.G, self.bq, *tail)
         x = jnp.moveaxis(x, (1, 2, 3, 4), (3, 1, 4, 2))
-        return x.reshape(B, self.nq * self.bq, self.K * self.G, *tail)[:, :self.st.q_len]
+        return x.reshape(B, self.nq * self.bq, self.K * self.G, *tail)[:, : self.st.q_len]
 
     def group_kv(self, x):
         """``[B,S,K,H]`` -> ``[B*K, nk, bk, H]``."""
@@ -202,7 +210,7 @@ class _Geometry:
     def ungroup_kv(self, x):
         B = x.shape[0] // self.K
         x = x.reshape(B, self.K, self.nk * self.bk, x.shape[-1]).transpose(0, 2, 1, 3)
-        return x[:, :self.st.kv_len]
+        return x[:, : self.st.kv_len]
 
     def group_seg(self, seg, block, n):
         """``[B,L]`` segment ids -> ``[B*K, n, block]``, padded with 0 (= padding)."""
@@ -215,26 +223,43 @@ class _Geometry:
         """``[N]`` -> ``[B*K, G]``."""
         if slopes is None:
             return None
-        return jnp.tile(slopes.astype(jnp.float32).reshape(1, self.K, self.G),
-                        (B, 1, 1)).reshape(B * self.K, self.G)
+        return jnp.tile(slopes.astype(jnp.float32).reshape(1, self.K, self.G), (B, 1, 1)).reshape(
+            B * self.K, self.G
+        )
 
 
 class _Scores:
     """Scores of one (query block i, key block j) pair of one group: ``[G, bq, bk]`` f32."""
 
-    def __init__(self, geo: _Geometry, offset, q_seg, kv_seg, slopes, prescaled: bool,
-                 k_transposed: bool = False):
+    def __init__(
+        self,
+        geo: _Geometry,
+        offset,
+        q_seg,
+        kv_seg,
+        slopes,
+        prescaled: bool,
+        k_transposed: bool = False,
+    ):
         self.geo, self.offset, self.slopes, self.prescaled = geo, offset, slopes, prescaled
         self.qk_spec = "GTH,HS->GTS" if k_transposed else "GTH,SH->GTS"
-        self.q_seg, self.kv_seg = q_seg, kv_seg          # [nq, bq], [nk, bk] or None
+        self.q_seg, self.kv_seg = q_seg, kv_seg  # [nq, bq], [nk, bk] or None
         self.dmin, self.dmax = distance_bounds(geo.st.causal, geo.st.window)
 
     def ranges(self, i):
         """Key-block ranges ``lo, flo, fhi, hi`` for query block ``i``."""
         geo = self.geo
         p_lo = self.offset + i * geo.bq
-        return block_range(p_lo, p_lo + geo.bq - 1, geo.bk, geo.nk, self.dmin, self.dmax,
-                           num_full=geo.st.kv_len // geo.bk, full_ok=self.q_seg is None)
+        return block_range(
+            p_lo,
+            p_lo + geo.bq - 1,
+            geo.bk,
+            geo.nk,
+            self.dmin,
+            self.dmax,
+            num_full=geo.st.kv_len // geo.bk,
+            full_ok=self.q_seg is None,
+        )
 
     def __call__(self, qb, kb, i, j, masked):
         """Scaled scores plus ALiBi, masked entries (if ``masked``) at MASK_VALUE."""
@@ -245,19 +270,24 @@ class _Scores:
         q_pos = self.offset + i * geo.bq + jnp.arange(geo.bq, dtype=jnp.int32)
         kv_pos = j * geo.bk + jnp.arange(geo.bk, dtype=jnp.int32)
         if self.slopes is not None:
-            s = s + masks.alibi_bias(self.slopes, q_pos, kv_pos)          # [G, bq, bk]
+            s = s + masks.alibi_bias(self.slopes, q_pos, kv_pos)  # [G, bq, bk]
         if not masked:
             return s
         q_seg = None if self.q_seg is None else self.q_seg[i][None, :, None]
         kv_seg = None if self.kv_seg is None else self.kv_seg[j][None, None, :]
-        mask = block_mask(q_pos[None, :, None], kv_pos[None, None, :], causal=st.causal,
-                          window=st.window, q_seg=q_seg, kv_seg=kv_seg,
-                          kv_len=st.kv_len if geo.nk * geo.bk != st.kv_len else None)
+        mask = block_mask(
+            q_pos[None, :, None],
+            kv_pos[None, None, :],
+            causal=st.causal,
+            window=st.window,
+            q_seg=q_seg,
+            kv_seg=kv_seg,
+            kv_len=st.kv_len if geo.nk * geo.bk != st.kv_len else None,
+        )
         return jnp.where(mask, s, MASK_VALUE)
 
 
-def _forward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg, kv_seg,
-                   slopes):
+def _forward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg, kv_seg, slopes):
     """One group: ``q_b [nq,G,bq,H]``, ``k_b [nk,H,bk]``, ``v_b [nk,bk,H]`` -> out, lse
     ``[nq,G,bq(,H)]``. (K is stored transposed: the QK^T matmul's natural layout.)"""
     scores = _Scores(geo, offset, q_seg, kv_seg, slopes, prescaled, k_transposed=True)
@@ -271,13 +301,17 @@ def _forward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.exp(s - m_new[..., None])
             alpha = jnp.exp(m - m_new)
-            pv = jnp.einsum("GTS,SH->GTH", p.astype(v_b.dtype), v_b[j],
-                            preferred_element_type=jnp.float32)
+            pv = jnp.einsum(
+                "GTS,SH->GTH", p.astype(v_b.dtype), v_b[j], preferred_element_type=jnp.float32
+            )
             return m_new, alpha * l + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
 
         rows = qb.shape[:-1]
-        init = (jnp.full(rows, ROW_MAX_INIT, jnp.float32), jnp.zeros(rows, jnp.float32),
-                jnp.zeros(qb.shape, jnp.float32))
+        init = (
+            jnp.full(rows, ROW_MAX_INIT, jnp.float32),
+            jnp.zeros(rows, jnp.float32),
+            jnp.zeros(qb.shape, jnp.float32),
+        )
         m, l, acc = loop_over_ranges(*scores.ranges(i), body, init)
         seen = l > 0
         l_safe = jnp.where(seen, l, 1.0)
@@ -287,8 +321,20 @@ def _forward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg
     return lax.scan(q_block, None, (q_b, jnp.arange(geo.nq)))[1]
 
 
-def _backward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg, kv_seg,
-                    slopes, do_b, lse_b, delta_b):
+def _backward_group(
+    geo: _Geometry,
+    prescaled: bool,
+    offset,
+    q_b,
+    k_b,
+    v_b,
+    q_seg,
+    kv_seg,
+    slopes,
+    do_b,
+    lse_b,
+    delta_b,
+):
     """One group: returns ``dq [nq,G,bq,H]`` (unscaled), ``dk, dv [nk,bk,H]`` (float32).
 
     Outer loop over query blocks carrying dK, dV of the whole key length; inner loop over
@@ -311,8 +357,9 @@ def _backward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_se
             dk = dk.at[j].add(jnp.einsum("GTS,GTH->SH", ds, qb, **f32))
             return dq + jnp.einsum("GTS,SH->GTH", ds, kb, **f32), dk, dv
 
-        dq, dk, dv = loop_over_ranges(*scores.ranges(i), body,
-                                      (jnp.zeros(qb.shape, jnp.float32), *dkv))
+        dq, dk, dv = loop_over_ranges(
+            *scores.ranges(i), body, (jnp.zeros(qb.shape, jnp.float32), *dkv)
+        )
         return (dk, dv), dq
 
     zeros = jnp.zeros(k_b.shape, jnp.float32)
@@ -329,17 +376,23 @@ def _setup(st: _Static, bq: int, bk: int, q, k, v, q_seg, kv_seg, slopes):
     # precisions the scale is applied to the float32 scores instead.
     prescaled = q.dtype == jnp.float32
     qs = q * jnp.asarray(st.scale, q.dtype) if prescaled else q
-    groups = (geo.group_q(qs), geo.group_kv(k), geo.group_kv(v),
-              geo.group_seg(q_seg, geo.bq, geo.nq), geo.group_seg(kv_seg, geo.bk, geo.nk),
-              geo.group_slopes(slopes, B))
+    groups = (
+        geo.group_q(qs),
+        geo.group_kv(k),
+        geo.group_kv(v),
+        geo.group_seg(q_seg, geo.bq, geo.nq),
+        geo.group_seg(kv_seg, geo.bk, geo.nk),
+        geo.group_slopes(slopes, B),
+    )
     return geo, prescaled, groups
 
 
 def _forward(st: _Static, q, k, v, q_seg, kv_seg, slopes, offset):
     """``out [B,T,N,H]`` (q's dtype) and ``lse [B,T,N]`` (float32, +inf for empty rows)."""
-    geo, prescaled, groups = _setup(st, st.blocks.block_q, st.blocks.block_k, q, k, v,
-                                    q_seg, kv_seg, slopes)
-    groups = (groups[0], jnp.swapaxes(groups[1], -1, -2)) + groups[2:]     # K as [H, bk]
+    geo, prescaled, groups = _setup(
+        st, st.blocks.block_q, st.blocks.block_k, q, k, v, q_seg, kv_seg, slopes
+    )
+    groups = (groups[0], jnp.swapaxes(groups[1], -1, -2)) + groups[2:]  # K as [H, bk]
     fn = functools.partial(_forward_group, geo, prescaled, offset)
     out, lse = lax.map(lambda xs: fn(*xs), groups, batch_size=st.blocks.kv_heads_per_step)
     return geo.ungroup_q(out), geo.ungroup_q(lse)
@@ -348,15 +401,13 @@ def _forward(st: _Static, q, k, v, q_seg, kv_seg, slopes, offset):
 def _backward(st: _Static, res, d_out):
     q, k, v, q_seg, kv_seg, slopes, offset, out, lse = res
     bwd = st.blocks.backward()
-    geo, prescaled, groups = _setup(st, bwd.block_q, bwd.block_k, q, k, v, q_seg, kv_seg,
-                                    slopes)
+    geo, prescaled, groups = _setup(st, bwd.block_q, bwd.block_k, q, k, v, q_seg, kv_seg, slopes)
     delta = jnp.einsum("BTNH,BTNH->BTN", d_out.astype(jnp.float32), out.astype(jnp.float32))
     extra = (geo.group_q(d_out.astype(q.dtype)), geo.group_q(lse), geo.group_q(delta))
     fn = functools.partial(_backward_group, geo, prescaled, offset)
-    dq, dk, dv = lax.map(lambda xs: fn(*xs), groups + extra,
-                         batch_size=st.blocks.kv_heads_per_step)
+    dq, dk, dv = lax.map(lambda xs: fn(*xs), groups + extra, batch_size=st.blocks.kv_heads_per_step)
     dq = (geo.ungroup_q(dq) * st.scale).astype(q.dtype)
-    dk = geo.ungroup_kv(dk)            # = dS^T (scale * q) when q was pre-scaled
+    dk = geo.ungroup_kv(dk)  # = dS^T (scale * q) when q was pre-scaled
     dk = (dk if prescaled else dk * st.scale).astype(k.dtype)
     return dq, dk, geo.ungroup_kv(dv).astype(v.dtype)
 
@@ -372,26 +423,51 @@ def _attention_fwd(st, q, k, v, q_seg, kv_seg, slopes, offset):
 
 
 def _attention_bwd(st, res, d_out):
-    slopes = res[5]          # slopes, segment ids and offset are constants: no gradient
-    return (*_backward(st, res, d_out), None, None,
-            None if slopes is None else jnp.zeros_like(slopes), None)
+    slopes = res[5]  # slopes, segment ids and offset are constants: no gradient
+    return (
+        *_backward(st, res, d_out),
+        None,
+        None,
+        None if slopes is None else jnp.zeros_like(slopes),
+        None,
+    )
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_slopes,
-              bias, q_offset, scale, block_sizes: BlockSizes | None = None):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal,
+    q_segment_ids,
+    kv_segment_ids,
+    window,
+    alibi_slopes,
+    bias,
+    q_offset,
+    scale,
+    block_sizes: BlockSizes | None = None,
+):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]``; see the module docstring.
 
     ``q_offset`` may be a traced int32 scalar (decoding); block skipping still applies.
     """
     if bias is not None:
-        raise ValueError("impl='blockwise' takes structured masks only; a dense bias needs "
-                         "impl='xla' or 'reference'")
-    st = _Static(causal=bool(causal), window=None if window is None else int(window),
-                 scale=float(scale), q_len=q.shape[1], kv_len=k.shape[1],
-                 blocks=block_sizes or BlockSizes())
+        raise ValueError(
+            "impl='blockwise' takes structured masks only; a dense bias needs "
+            "impl='xla' or 'reference'"
+        )
+    st = _Static(
+        causal=bool(causal),
+        window=None if window is None else int(window),
+        scale=float(scale),
+        q_len=q.shape[1],
+        kv_len=k.shape[1],
+        blocks=block_sizes or BlockSizes(),
+    )
     if q_segment_ids is not None:
         q_segment_ids = q_segment_ids.astype(jnp.int32)
         kv_segment_ids = kv_segment_ids.astype(jnp.int32)

@@ -7,6 +7,7 @@ A query at absolute position ``p = q_offset + t`` may attend to key ``s`` when
   * segment ids are None, or ``q_segment_ids[t] == kv_segment_ids[s] != 0``
     (segment 0 is padding and never attends nor is attended to).
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp

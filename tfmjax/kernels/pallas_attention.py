@@ -62,6 +62,7 @@ CPU (CI has no device). Triton was run once by hand on an H100 (jax 0.11.2): wit
 the reference (default precision: TF32 dots, ~1e-3), and a model exported for ``("cuda",)``
 on a CPU host ran there. Mosaic TPU has not been compiled or run (no TPU).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -73,9 +74,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tfmjax.kernels import PALLAS_FLAVOUR
-from tfmjax.kernels.pallas_kernels import (GPU_PLATFORMS, KernelStatic, dkv_kernel, dq_kernel,
-                                           fwd_kernel, pow2)
-
+from tfmjax.kernels.pallas_kernels import (
+    GPU_PLATFORMS,
+    KernelStatic,
+    dkv_kernel,
+    dq_kernel,
+    fwd_kernel,
+    pow2,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +94,7 @@ class BlockSizes:
     ``block_q_dkv`` always) should be multiples of 128 unless they span the sequence.
     :meth:`for_platform` gives the defaults (not tuned on hardware here: no GPU/TPU).
     """
+
     block_q: int = 128
     block_k: int = 128
     block_q_dkv: int = 128
@@ -107,8 +114,14 @@ class BlockSizes:
         rows per 128 keys; dQ: 128 query rows per 32 keys). TPU and CPU: 128 everywhere
         (one MXU tile / 128 lanes, as jax's own TPU flash attention)."""
         if _platform(platform) == "cuda":
-            return cls(block_q=128, block_k=64, block_q_dkv=32, block_k_dkv=128,
-                       block_q_dq=128, block_k_dq=32)
+            return cls(
+                block_q=128,
+                block_k=64,
+                block_q_dkv=32,
+                block_k_dkv=128,
+                block_q_dq=128,
+                block_k_dq=32,
+            )
         return cls()
 
 
@@ -122,8 +135,11 @@ def _extras_specs(st: KernelStatic, q_seg_spec, kv_seg_spec, slope_spec):
 
 
 def _extras(offset, q_seg, kv_seg, slopes):
-    return [offset] + ([q_seg, kv_seg] if q_seg is not None else []) + (
-        [slopes] if slopes is not None else [])
+    return (
+        [offset]
+        + ([q_seg, kv_seg] if q_seg is not None else [])
+        + ([slopes] if slopes is not None else [])
+    )
 
 
 def _query_block_specs(st: KernelStatic, bq: int, Sp: int, Hp: int):
@@ -134,9 +150,12 @@ def _query_block_specs(st: KernelStatic, bq: int, Sp: int, Hp: int):
     q_spec = pl.BlockSpec((None, None, bq, Hp), lambda b, h, i: (b, h, i, 0))
     kv_spec = pl.BlockSpec((None, None, Sp, Hp), lambda b, h, i: (b, lax.div(h, G), 0, 0))
     row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))
-    extras = _extras_specs(st, pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
-                           pl.BlockSpec((None, 1, Sp), lambda b, h, i: (b, 0, 0)),
-                           pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0)))
+    extras = _extras_specs(
+        st,
+        pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
+        pl.BlockSpec((None, 1, Sp), lambda b, h, i: (b, 0, 0)),
+        pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0)),
+    )
     return q_spec, kv_spec, row_spec, extras
 
 
@@ -150,8 +169,10 @@ def _forward(st: KernelStatic, q, k, v, offset, q_seg, kv_seg, slopes):
         grid=(B, N, Tp // bq),
         in_specs=[q_spec, kv_spec, kv_spec] + extras,
         out_specs=[q_spec, row_spec],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((B, N, Tp, 1), jnp.float32)],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((B, N, Tp, 1), jnp.float32),
+        ],
         name="tfmjax_flash_fwd",
     )(q, k, v, *_extras(offset, q_seg, kv_seg, slopes))
 
@@ -160,8 +181,9 @@ def _backward(st: KernelStatic, res, d_out):
     q, k, v, offset, q_seg, kv_seg, slopes, out, lse = res
     B, N, Tp, Hp = q.shape
     K, Sp, G = k.shape[1], k.shape[2], st.groups
-    delta = jnp.einsum("BNTH,BNTH->BNT", out.astype(jnp.float32),
-                       d_out.astype(jnp.float32))[..., None]
+    delta = jnp.einsum("BNTH,BNTH->BNT", out.astype(jnp.float32), d_out.astype(jnp.float32))[
+        ..., None
+    ]
     d_out = d_out.astype(q.dtype)
     extra_args = _extras(offset, q_seg, kv_seg, slopes)
 
@@ -185,19 +207,25 @@ def _backward(st: KernelStatic, res, d_out):
     group_spec = pl.BlockSpec((None, G, Tp, Hp), lambda b, h, j: (b, h, 0, 0))
     group_rows = pl.BlockSpec((None, G, 1, Tp), lambda b, h, j: (b, h, 0, 0))
     kv_spec = pl.BlockSpec((None, None, bk, Hp), lambda b, h, j: (b, h, j, 0))
-    extras = _extras_specs(st, pl.BlockSpec((None, 1, Tp), lambda b, h, j: (b, 0, 0)),
-                           pl.BlockSpec((None, bk, 1), lambda b, h, j: (b, j, 0)),
-                           pl.BlockSpec((G, 1, 1), lambda b, h, j: (h, 0, 0)))
+    extras = _extras_specs(
+        st,
+        pl.BlockSpec((None, 1, Tp), lambda b, h, j: (b, 0, 0)),
+        pl.BlockSpec((None, bk, 1), lambda b, h, j: (b, j, 0)),
+        pl.BlockSpec((G, 1, 1), lambda b, h, j: (h, 0, 0)),
+    )
     rows_t = lambda x: jnp.swapaxes(x, -1, -2)  # noqa: E731
-    extra_args = _extras(offset, None if q_seg is None else rows_t(q_seg),
-                         None if kv_seg is None else rows_t(kv_seg), slopes)
+    extra_args = _extras(
+        offset,
+        None if q_seg is None else rows_t(q_seg),
+        None if kv_seg is None else rows_t(kv_seg),
+        slopes,
+    )
     dk, dv = st.call(
         functools.partial(dkv_kernel, st=st, bq=bq, bk=bk, nq=nq),
         grid=(B, K, Sp // bk),
         in_specs=[group_spec, kv_spec, kv_spec, group_spec, group_rows, group_rows] + extras,
         out_specs=[kv_spec, kv_spec],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         name="tfmjax_flash_dkv",
     )(q, k, v, d_out, rows_t(lse), rows_t(delta), *extra_args)
     return dq, dk, dv
@@ -230,8 +258,10 @@ def _platform(platform: str | None) -> str:
         return "cuda"
     if platform in ("cpu", "tpu"):
         return platform
-    raise ValueError(f"pallas attention: unknown platform {platform!r}; "
-                     "use 'cpu' (interpret mode), 'cuda'/'gpu' (Triton) or 'tpu' (Mosaic)")
+    raise ValueError(
+        f"pallas attention: unknown platform {platform!r}; "
+        "use 'cpu' (interpret mode), 'cuda'/'gpu' (Triton) or 'tpu' (Mosaic)"
+    )
 
 
 def _static_offset(q_offset):
@@ -250,9 +280,22 @@ def _check_triton_blocks(blocks: BlockSizes):
         raise ValueError(f"pallas attention on GPU (Triton) needs blocks >= 16, got {blocks}")
 
 
-def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_slopes,
-              bias, q_offset, scale, block_sizes: BlockSizes | None = None,
-              platform: str | None = None):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal,
+    q_segment_ids,
+    kv_segment_ids,
+    window,
+    alibi_slopes,
+    bias,
+    q_offset,
+    scale,
+    block_sizes: BlockSizes | None = None,
+    platform: str | None = None,
+):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` with the Pallas kernels.
 
     ``platform`` picks the kernels. None (default): chosen when the computation is lowered,
@@ -268,14 +311,23 @@ def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_s
     flavour (lowering for ``cuda``/``rocm`` then fails; on a GPU host this raises at once).
     """
     if bias is not None:
-        raise ValueError("impl='pallas' takes structured masks only; a dense bias needs "
-                         "impl='xla' or 'reference'")
-    kw = dict(causal=causal, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-              window=window, alibi_slopes=alibi_slopes, q_offset=q_offset, scale=scale,
-              block_sizes=block_sizes)
+        raise ValueError(
+            "impl='pallas' takes structured masks only; a dense bias needs "
+            "impl='xla' or 'reference'"
+        )
+    kw = dict(
+        causal=causal,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        window=window,
+        alibi_slopes=alibi_slopes,
+        q_offset=q_offset,
+        scale=scale,
+        block_sizes=block_sizes,
+    )
     if platform is not None:
         return _attention(_platform(platform), q, k, v, **kw)
-    flavours = {}                    # one callable per flavour: cuda and rocm share a branch
+    flavours = {}  # one callable per flavour: cuda and rocm share a branch
     for name in dict.fromkeys(PALLAS_FLAVOUR.values()):
         blocks = block_sizes or BlockSizes.for_platform(name)
         if name == "cuda" and not _triton_blocks_ok(blocks):
@@ -289,35 +341,83 @@ def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_s
     return lax.platform_dependent(q, k, v, **branches)
 
 
-def _attention(platform: str, q, k, v, *, causal, q_segment_ids, kv_segment_ids, window,
-               alibi_slopes, q_offset, scale, block_sizes: BlockSizes | None):
+def _attention(
+    platform: str,
+    q,
+    k,
+    v,
+    *,
+    causal,
+    q_segment_ids,
+    kv_segment_ids,
+    window,
+    alibi_slopes,
+    q_offset,
+    scale,
+    block_sizes: BlockSizes | None,
+):
     """The kernels of one flavour (``platform``: ``"cpu"``, ``"cuda"`` or ``"tpu"``)."""
     blocks = block_sizes or BlockSizes.for_platform(platform)
     if platform == "cuda":
         _check_triton_blocks(blocks)
     static_offset = _static_offset(q_offset)
-    return _kernels(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes,
-                    q_offset if static_offset is None else None, platform=platform,
-                    causal=bool(causal), window=None if window is None else int(window),
-                    scale=float(scale), blocks=blocks, static_offset=static_offset)
+    return _kernels(
+        q,
+        k,
+        v,
+        q_segment_ids,
+        kv_segment_ids,
+        alibi_slopes,
+        q_offset if static_offset is None else None,
+        platform=platform,
+        causal=bool(causal),
+        window=None if window is None else int(window),
+        scale=float(scale),
+        blocks=blocks,
+        static_offset=static_offset,
+    )
 
 
 # A jit of its own so that tracing the kernels is cached: a call with the same shapes and
 # options (the layers of an unrolled model, a re-traced step) reuses the traced kernels.
-@functools.partial(jax.jit, static_argnames=("platform", "causal", "window", "scale", "blocks",
-                                             "static_offset"))
-def _kernels(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, q_offset, *, platform,
-             causal, window, scale, blocks, static_offset):
+@functools.partial(
+    jax.jit, static_argnames=("platform", "causal", "window", "scale", "blocks", "static_offset")
+)
+def _kernels(
+    q,
+    k,
+    v,
+    q_segment_ids,
+    kv_segment_ids,
+    alibi_slopes,
+    q_offset,
+    *,
+    platform,
+    causal,
+    window,
+    scale,
+    blocks,
+    static_offset,
+):
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
-    st = KernelStatic(causal=causal, window=window, scale=scale, q_len=T, kv_len=S,
-                 static_offset=static_offset, has_seg=q_segment_ids is not None,
-                 has_alibi=alibi_slopes is not None, groups=N // K, blocks=blocks,
-                 platform=platform)
+    st = KernelStatic(
+        causal=causal,
+        window=window,
+        scale=scale,
+        q_len=T,
+        kv_len=S,
+        static_offset=static_offset,
+        has_seg=q_segment_ids is not None,
+        has_alibi=alibi_slopes is not None,
+        groups=N // K,
+        blocks=blocks,
+        platform=platform,
+    )
     Tp, Sp = st.padded_lens
     Hp = max(pow2(H), 16 if platform == "cuda" else 1)
 
-    def pad(x, length):      # [B,L,heads,H] -> [B,heads,Lp,Hp], zero padded
+    def pad(x, length):  # [B,L,heads,H] -> [B,heads,Lp,Hp], zero padded
         x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, Hp - H)))
         return x.transpose(0, 2, 1, 3)
 
@@ -328,7 +428,6 @@ def _kernels(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, q_offset, *, 
     slopes = None
     if alibi_slopes is not None:
         slopes = alibi_slopes.astype(jnp.float32).reshape(N, 1, 1)
-    offset = jnp.asarray(static_offset if q_offset is None else q_offset,
-                         jnp.int32).reshape(1, 1)
+    offset = jnp.asarray(static_offset if q_offset is None else q_offset, jnp.int32).reshape(1, 1)
     out = _flash(st, pad(q, Tp), pad(k, Sp), pad(v, Sp), offset, q_seg, kv_seg, slopes)
     return out.transpose(0, 2, 1, 3)[:, :T, :, :H]

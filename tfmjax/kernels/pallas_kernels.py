@@ -6,6 +6,7 @@ group's query heads and their query blocks, on ``S^T``) and ``dq_kernel`` (per b
 head, query block). :class:`KernelStatic` holds everything static about a call; the block
 ranges and masks come from :mod:`tfmjax.kernels.blockwise`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tfmjax.kernels import masks
-from tfmjax.kernels.blockwise import (MASK_VALUE, ROW_MAX_INIT, block_mask, block_range,
-                                      distance_bounds, loop_over_ranges)
+from tfmjax.kernels.blockwise import (
+    MASK_VALUE,
+    ROW_MAX_INIT,
+    block_mask,
+    block_range,
+    distance_bounds,
+    loop_over_ranges,
+)
 
 GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
@@ -28,17 +35,18 @@ def pow2(n: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class KernelStatic:
     """Everything static about a call (the custom_vjp's nondiff argument)."""
+
     causal: bool
     window: int | None
     scale: float
     q_len: int
     kv_len: int
-    static_offset: int | None    # None: q_offset is traced, no block skipping
+    static_offset: int | None  # None: q_offset is traced, no block skipping
     has_seg: bool
     has_alibi: bool
-    groups: int                  # G = N / K
-    blocks: BlockSizes
-    platform: str                # "cpu" (interpret), "cuda", "tpu"
+    groups: int  # G = N / K
+    blocks: object  # pallas_attention.BlockSizes
+    platform: str  # "cpu" (interpret), "cuda", "tpu"
 
     def geometry(self, block_q: int, block_k: int):
         """``bq, bk`` clipped to the lengths; ``nq, nk``: blocks holding real rows."""
@@ -60,15 +68,18 @@ class KernelStatic:
             return pl.pallas_call(kernel, interpret=True, **kw)
         if self.platform in GPU_PLATFORMS:
             from jax.experimental.pallas import triton as plgpu
+
             params = plgpu.CompilerParams(num_warps=4, num_stages=2)
         else:
             from jax.experimental.pallas import tpu as pltpu
+
             params = pltpu.CompilerParams(dimension_semantics=("parallel",) * 3)
         return pl.pallas_call(kernel, compiler_params=params, **kw)
 
 
 # ----------------------------------------------------------------------------------------
 # Pieces shared by the three kernels.
+
 
 class _Block:
     """Scores of one (query block, key block) pair with ALiBi and masks, as ``s [bq,bk]``
@@ -84,24 +95,35 @@ class _Block:
         :mod:`tfmjax.kernels.blockwise`: no select is needed after the exp)."""
         st, bq, bk = self.st, self.bq, self.bk
         rows, cols = (k, q) if self.transposed else (q, k)
-        s = lax.dot_general(rows, cols, (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.float32) * st.scale
-        if self.transposed:      # q_pos a row [1,bq], kv_pos a column [bk,1]
+        s = (
+            lax.dot_general(
+                rows, cols, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            * st.scale
+        )
+        if self.transposed:  # q_pos a row [1,bq], kv_pos a column [bk,1]
             q_pos = lax.broadcasted_iota(jnp.int32, (1, bq), 1)
             kv_pos = lax.broadcasted_iota(jnp.int32, (bk, 1), 0)
-        else:                    # q_pos a column [bq,1], kv_pos a row [1,bk]
+        else:  # q_pos a column [bq,1], kv_pos a row [1,bk]
             q_pos = lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
             kv_pos = lax.broadcasted_iota(jnp.int32, (1, bk), 1)
         q_pos = q_pos + (self.offset + q_start)
         kv_pos = kv_pos + k_start
-        if self.slope is not None:       # -slope |p - s| is symmetric: rows x cols either way
+        if self.slope is not None:  # -slope |p - s| is symmetric: rows x cols either way
             row_pos, col_pos = (kv_pos, q_pos) if self.transposed else (q_pos, kv_pos)
             alibi = masks.alibi_bias(self.slope.reshape(1), row_pos[:, 0], col_pos[0, :])
             s = s + alibi.reshape(s.shape)
         if not masked:
             return s
-        mask = block_mask(q_pos, kv_pos, causal=st.causal, window=st.window, q_seg=q_seg,
-                          kv_seg=kv_seg, kv_len=st.kv_len if st.kv_len % bk else None)
+        mask = block_mask(
+            q_pos,
+            kv_pos,
+            causal=st.causal,
+            window=st.window,
+            q_seg=q_seg,
+            kv_seg=kv_seg,
+            kv_len=st.kv_len if st.kv_len % bk else None,
+        )
         return jnp.where(mask, s, MASK_VALUE)
 
 
@@ -112,16 +134,23 @@ def _unpack(refs, st: KernelStatic, names):
     out["offset"] = refs.pop(0)
     out["q_seg"], out["kv_seg"] = (refs.pop(0), refs.pop(0)) if st.has_seg else (None, None)
     out["slope"] = refs.pop(0) if st.has_alibi else None
-    return out, refs           # what is left: the outputs
+    return out, refs  # what is left: the outputs
 
 
 def _key_ranges(st: KernelStatic, q_start, bq: int, bk: int, nk: int):
     """Key-block ranges ``lo, flo, fhi, hi`` for queries ``q_start .. q_start + bq - 1``."""
-    if st.static_offset is None:         # traced q_offset: visit every block, all masked
+    if st.static_offset is None:  # traced q_offset: visit every block, all masked
         return 0, nk, nk, nk
     p_lo = st.static_offset + q_start
-    return block_range(p_lo, p_lo + bq - 1, bk, nk, *distance_bounds(st.causal, st.window),
-                       num_full=st.kv_len // bk, full_ok=not st.has_seg)
+    return block_range(
+        p_lo,
+        p_lo + bq - 1,
+        bk,
+        nk,
+        *distance_bounds(st.causal, st.window),
+        num_full=st.kv_len // bk,
+        full_ok=not st.has_seg,
+    )
 
 
 def _query_ranges(st: KernelStatic, k_start, bq: int, bk: int, nq: int):
@@ -129,18 +158,25 @@ def _query_ranges(st: KernelStatic, k_start, bq: int, bk: int, nq: int):
     if st.static_offset is None:
         return 0, nq, nq, nq
     dmin, dmax = distance_bounds(st.causal, st.window)
-    a_lo = k_start - st.static_offset               # key positions in query-index units
-    lo, flo, fhi, hi = block_range(a_lo, a_lo + bk - 1, bq, nq,
-                                   None if dmax is None else -dmax,
-                                   None if dmin is None else -dmin,
-                                   num_full=nq, full_ok=not st.has_seg)
-    if st.kv_len % bk:                   # the last key block holds padding: mask it all
+    a_lo = k_start - st.static_offset  # key positions in query-index units
+    lo, flo, fhi, hi = block_range(
+        a_lo,
+        a_lo + bk - 1,
+        bq,
+        nq,
+        None if dmax is None else -dmax,
+        None if dmin is None else -dmin,
+        num_full=nq,
+        full_ok=not st.has_seg,
+    )
+    if st.kv_len % bk:  # the last key block holds padding: mask it all
         fhi = jnp.where(k_start + bk > st.kv_len, flo, fhi)
     return lo, flo, fhi, hi
 
 
 # ----------------------------------------------------------------------------------------
 # Kernels.
+
 
 def fwd_kernel(*refs, st: KernelStatic, bq: int, bk: int, nk: int):
     r, (o_ref, lse_ref) = _unpack(refs, st, ("q", "k", "v"))
@@ -153,18 +189,21 @@ def fwd_kernel(*refs, st: KernelStatic, bq: int, bk: int, nk: int):
         m, l, acc = carry
         k_start = pl.multiple_of(j * bk, bk)
         kv_seg = None if r["kv_seg"] is None else r["kv_seg"][:, pl.ds(k_start, bk)]
-        s = blk.scores(q, r["k"][pl.ds(k_start, bk), :], q_start, k_start, q_seg, kv_seg,
-                       masked)
+        s = blk.scores(q, r["k"][pl.ds(k_start, bk), :], q_start, k_start, q_seg, kv_seg, masked)
         m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
         p = jnp.exp(s - m_new)
         alpha = jnp.exp(m - m_new)
         v = r["v"][pl.ds(k_start, bk), :]
-        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+        pv = lax.dot_general(
+            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
         return m_new, alpha * l + jnp.sum(p, axis=1, keepdims=True), alpha * acc + pv
 
-    init = (jnp.full((bq, 1), ROW_MAX_INIT, jnp.float32), jnp.zeros((bq, 1), jnp.float32),
-            jnp.zeros(q.shape, jnp.float32))
+    init = (
+        jnp.full((bq, 1), ROW_MAX_INIT, jnp.float32),
+        jnp.zeros((bq, 1), jnp.float32),
+        jnp.zeros(q.shape, jnp.float32),
+    )
     m, l, acc = loop_over_ranges(*_key_ranges(st, q_start, bq, bk, nk), body, init)
     seen = l > 0
     l_safe = jnp.where(seen, l, 1.0)
@@ -187,11 +226,13 @@ def dq_kernel(*refs, st: KernelStatic, bq: int, bk: int, nk: int):
         p = jnp.exp(blk.scores(q, k, q_start, k_start, q_seg, kv_seg, masked) - lse)
         dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
-        return dq + lax.dot_general(ds.astype(k.dtype), k, (((1,), (0,)), ((), ())),
-                                    preferred_element_type=jnp.float32)
+        return dq + lax.dot_general(
+            ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
 
-    dq = loop_over_ranges(*_key_ranges(st, q_start, bq, bk, nk), body,
-                          jnp.zeros(q.shape, jnp.float32))
+    dq = loop_over_ranges(
+        *_key_ranges(st, q_start, bq, bk, nk), body, jnp.zeros(q.shape, jnp.float32)
+    )
     dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
 
 
@@ -204,12 +245,18 @@ def dkv_kernel(*refs, st: KernelStatic, bq: int, bk: int, nq: int):
     k, v = r["k"][...], r["v"][...]
     kv_seg = None if r["kv_seg"] is None else r["kv_seg"][...]
     ranges = _query_ranges(st, k_start, bq, bk, nq)
-    nt = (((1,), (1,)), ((), ()))        # A B^T
-    nn = (((1,), (0,)), ((), ()))        # A B
+    nt = (((1,), (1,)), ((), ()))  # A B^T
+    nn = (((1,), (0,)), ((), ()))  # A B
 
     def head(g, carry):
-        blk = _Block(st, r["offset"][...], None if r["slope"] is None else r["slope"][g],
-                     bq, bk, transposed=True)
+        blk = _Block(
+            st,
+            r["offset"][...],
+            None if r["slope"] is None else r["slope"][g],
+            bq,
+            bk,
+            transposed=True,
+        )
 
         def body(i, carry, masked):
             dk, dv = carry
@@ -219,12 +266,14 @@ def dkv_kernel(*refs, st: KernelStatic, bq: int, bk: int, nq: int):
             q, do = r["q"][g, rows, :], r["do"][g, rows, :]
             s_t = blk.scores(q, k, q_start, k_start, q_seg, kv_seg, masked)
             p_t = jnp.exp(s_t - r["lse"][g, :, rows])
-            dv = dv + lax.dot_general(p_t.astype(do.dtype), do, nn,
-                                      preferred_element_type=jnp.float32)
+            dv = dv + lax.dot_general(
+                p_t.astype(do.dtype), do, nn, preferred_element_type=jnp.float32
+            )
             dp_t = lax.dot_general(v, do, nt, preferred_element_type=jnp.float32)
             ds_t = p_t * (dp_t - r["delta"][g, :, rows])
-            dk = dk + lax.dot_general(ds_t.astype(q.dtype), q, nn,
-                                      preferred_element_type=jnp.float32)
+            dk = dk + lax.dot_general(
+                ds_t.astype(q.dtype), q, nn, preferred_element_type=jnp.float32
+            )
             return dk, dv
 
         return loop_over_ranges(*ranges, body, carry)

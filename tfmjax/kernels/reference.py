@@ -4,6 +4,7 @@ Materialise the scores, set blocked positions to -inf, softmax, weighted sum.
 K/V heads are repeated to the N query heads (obviously correct, memory-hungry).
 Rows with nothing to attend to return zeros. Everything is computed in float32.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -11,26 +12,36 @@ import jax.numpy as jnp
 from tfmjax.kernels import masks
 
 
-def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_slopes,
-              bias, q_offset, scale):
+def attention(
+    q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_slopes, bias, q_offset, scale
+):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` in q's dtype."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     qf, kf, vf = (x.astype(jnp.float32) for x in (q, k, v))
-    kf = jnp.repeat(kf, N // K, axis=2)                            # [B,S,N,H]
+    kf = jnp.repeat(kf, N // K, axis=2)  # [B,S,N,H]
     vf = jnp.repeat(vf, N // K, axis=2)
     scores = jnp.einsum("BTNH,BSNH->BNTS", qf, kf) * scale
     if alibi_slopes is not None:
-        scores = scores + masks.alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))[None]
+        scores = (
+            scores + masks.alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))[None]
+        )
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
-    mask = masks.dense_mask(T, S, causal=causal, window=window, q_segment_ids=q_segment_ids,
-                            kv_segment_ids=kv_segment_ids, q_offset=q_offset)
+    mask = masks.dense_mask(
+        T,
+        S,
+        causal=causal,
+        window=window,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        q_offset=q_offset,
+    )
     scores = jnp.where(mask, scores, -jnp.inf)
     row_max = jnp.max(scores, axis=-1, keepdims=True)
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)   # empty rows: avoid inf - inf
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # empty rows: avoid inf - inf
     weights = jnp.exp(scores - row_max)
     denom = jnp.sum(weights, axis=-1, keepdims=True)
-    probs = weights / jnp.where(denom > 0, denom, 1.0)             # empty rows stay all-zero
+    probs = weights / jnp.where(denom > 0, denom, 1.0)  # empty rows stay all-zero
     out = jnp.einsum("BNTS,BSNH->BTNH", probs, vf)
     return out.astype(q.dtype)

@@ -4,6 +4,7 @@ Same semantics as :mod:`tfmjax.kernels.reference`, but GQA is a grouped einsum
 (K/V never repeated), matmuls run in the input dtype with float32 accumulation,
 and masking uses a finite minimum so XLA can fuse mask, softmax and scaling.
 """
+
 from __future__ import annotations
 
 import jax
@@ -12,8 +13,9 @@ import jax.numpy as jnp
 from tfmjax.kernels import masks
 
 
-def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_slopes,
-              bias, q_offset, scale):
+def attention(
+    q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_slopes, bias, q_offset, scale
+):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]``."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -26,11 +28,19 @@ def attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_s
     if bias is not None:
         bias = jnp.broadcast_to(bias, (bias.shape[0], N, T, S)).astype(jnp.float32)
         scores = scores + bias.reshape(bias.shape[0], K, G, T, S)
-    mask = masks.dense_mask(T, S, causal=causal, window=window, q_segment_ids=q_segment_ids,
-                            kv_segment_ids=kv_segment_ids, q_offset=q_offset)[:, :, None]
+    mask = masks.dense_mask(
+        T,
+        S,
+        causal=causal,
+        window=window,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        q_offset=q_offset,
+    )[:, :, None]
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     probs = jnp.where(jnp.any(mask, axis=-1, keepdims=True), probs, 0.0)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs.astype(v.dtype), v,
-                     preferred_element_type=jnp.float32)
+    out = jnp.einsum(
+        "BKGTS,BSKH->BTKGH", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
+    )
     return out.reshape(B, T, N, H).astype(q.dtype)

@@ -1,7 +1,7 @@
 """Multi-head attention module for self- and cross-attention (MHA, GQA, MQA).
 
 Projections: ``query [D,N,H]``, ``key``/``value [D,K,H]``, ``out [N,H,D]`` (K = N: MHA,
-1 < K < N: GQA, K = 1: MQA; Vaswani et al. 2017, Shazeer 2019, Ainslie et al. 2023). The attention math is
+1 < K < N: GQA, K = 1: MQA; Vaswani 2017, Shazeer 2019, Ainslie 2023). The attention math is
 :func:`tfmjax.kernels.attention`; this module adds projections, RoPE and the KV cache.
 
 KV cache (self-attention decoding): a dict ``{"k": [B,K,S_max,H], "v": [B,K,S_max,H],
@@ -11,6 +11,7 @@ head-major (``K`` before ``S``) so the attention matmuls read them in place: wit
 XLA transposes every layer's whole cache at every decoding step (measured 1.7x slower per
 step at batch 8 on CPU, bench/decode.py).
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -23,37 +24,43 @@ from tfmjax.layers.positions import apply_rope
 
 def init_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype=jnp.float32):
     """An empty self-attention KV cache for one layer."""
-    return {"k": jnp.zeros((batch, num_kv_heads, max_len, head_dim), dtype),
-            "v": jnp.zeros((batch, num_kv_heads, max_len, head_dim), dtype),
-            "segment_ids": jnp.zeros((batch, max_len), jnp.int32),
-            "index": jnp.zeros((), jnp.int32)}
+    return {
+        "k": jnp.zeros((batch, num_kv_heads, max_len, head_dim), dtype),
+        "v": jnp.zeros((batch, num_kv_heads, max_len, head_dim), dtype),
+        "segment_ids": jnp.zeros((batch, max_len), jnp.int32),
+        "index": jnp.zeros((), jnp.int32),
+    }
 
 
 def _write_cache(cache, k, v, segment_ids):
     """Write ``k, v [B,T,K,H]`` and ``segment_ids [B,T]`` at slot ``cache["index"]``."""
     i, T = cache["index"], k.shape[1]
-    k, v = (jnp.swapaxes(x, 1, 2).astype(cache["k"].dtype) for x in (k, v))   # [B,K,T,H]
-    return {"k": jax.lax.dynamic_update_slice(cache["k"], k, (0, 0, i, 0)),
-            "v": jax.lax.dynamic_update_slice(cache["v"], v, (0, 0, i, 0)),
-            "segment_ids": jax.lax.dynamic_update_slice(cache["segment_ids"], segment_ids, (0, i)),
-            "index": i + T}
+    k, v = (jnp.swapaxes(x, 1, 2).astype(cache["k"].dtype) for x in (k, v))  # [B,K,T,H]
+    return {
+        "k": jax.lax.dynamic_update_slice(cache["k"], k, (0, 0, i, 0)),
+        "v": jax.lax.dynamic_update_slice(cache["v"], v, (0, 0, i, 0)),
+        "segment_ids": jax.lax.dynamic_update_slice(cache["segment_ids"], segment_ids, (0, i)),
+        "index": i + T,
+    }
 
 
 class MultiHeadAttention(nn.Module):
     """``x [B,T,D]`` (and ``context [B,S,D]`` for cross-attention) -> ``[B,T,D]``."""
+
     d_model: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
     use_bias: bool = True
-    rope_base: float | None = None          # None: no RoPE
+    rope_base: float | None = None  # None: no RoPE
     window: int | None = None
     impl: str = "auto"
     dtype: jnp.dtype = jnp.float32
 
     def setup(self):
         dense = lambda features, name, axis=-1: nn.DenseGeneral(
-            features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, name=name)
+            features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, name=name
+        )
         self.query = dense((self.num_heads, self.head_dim), "query")
         self.key = dense((self.num_kv_heads, self.head_dim), "key")
         self.value = dense((self.num_kv_heads, self.head_dim), "value")
@@ -63,9 +70,21 @@ class MultiHeadAttention(nn.Module):
         """Keys and values ``[B,S,K,H]`` of ``context [B,S,D]`` (no RoPE)."""
         return self.key(context), self.value(context)
 
-    def __call__(self, x, context=None, *, q_positions, kv_positions=None, q_segment_ids=None,
-                 kv_segment_ids=None, causal=False, alibi_slopes=None, bias=None, cache=None,
-                 kv=None):
+    def __call__(
+        self,
+        x,
+        context=None,
+        *,
+        q_positions,
+        kv_positions=None,
+        q_segment_ids=None,
+        kv_segment_ids=None,
+        causal=False,
+        alibi_slopes=None,
+        bias=None,
+        cache=None,
+        kv=None,
+    ):
         """Returns ``(out [B,T,D], cache)``.
 
         ``q_positions [B,T]``/``kv_positions [B,S]``: absolute positions for RoPE.
@@ -81,9 +100,19 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             q_offset = cache["index"]
             cache = _write_cache(cache, k, v, q_segment_ids)
-            k, v = jnp.swapaxes(cache["k"], 1, 2), jnp.swapaxes(cache["v"], 1, 2)   # [B,S,K,H]
+            k, v = jnp.swapaxes(cache["k"], 1, 2), jnp.swapaxes(cache["v"], 1, 2)  # [B,S,K,H]
             kv_segment_ids = cache["segment_ids"]
-        out = attention_fn(q, k, v, causal=causal, q_segment_ids=q_segment_ids,
-                           kv_segment_ids=kv_segment_ids, window=self.window,
-                           alibi_slopes=alibi_slopes, bias=bias, q_offset=q_offset, impl=self.impl)
+        out = attention_fn(
+            q,
+            k,
+            v,
+            causal=causal,
+            q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
+            window=self.window,
+            alibi_slopes=alibi_slopes,
+            bias=bias,
+            q_offset=q_offset,
+            impl=self.impl,
+        )
         return self.out(out), cache

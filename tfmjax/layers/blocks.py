@@ -1,4 +1,4 @@
-"""Transformer blocks (Vaswani et al. 2017): encoder / decoder-only, and decoder with cross-attention.
+"""Transformer blocks (Vaswani et al. 2017): encoder / decoder-only, decoder with cross-attention.
 
 Every sublayer is wrapped by :func:`residual`: pre-norm ``x + f(LN(x))`` or post-norm
 ``LN(x + f(x))`` (post-norm; pre-norm: Xiong et al. 2020), with dropout on the sublayer output.
@@ -6,6 +6,7 @@ Blocks have the signature ``block(x, cache, inputs) -> (x, cache)`` so that
 :class:`tfmjax.layers.stack.LayerStack` can scan over them; ``inputs`` is a
 :class:`BlockInputs` holding what every layer shares (positions, segment ids, ...).
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -20,16 +21,18 @@ from tfmjax.layers.norms import make_norm
 
 class BlockInputs(NamedTuple):
     """Per-call inputs shared by every layer of a stack (all optional but ``positions``)."""
-    positions: Any                 # [B,T] absolute positions (RoPE)
-    segment_ids: Any = None        # [B,T] 0 = padding
-    alibi_slopes: Any = None       # [N]
-    bias: Any = None               # [1|B, N, T, S] (relative position bias)
-    encoded: Any = None            # [B,S,D] encoder output (cross-attention)
+
+    positions: Any  # [B,T] absolute positions (RoPE)
+    segment_ids: Any = None  # [B,T] 0 = padding
+    alibi_slopes: Any = None  # [N]
+    bias: Any = None  # [1|B, N, T, S] (relative position bias)
+    encoded: Any = None  # [B,S,D] encoder output (cross-attention)
     encoded_segment_ids: Any = None  # [B,S]
 
 
 class BlockConfig(NamedTuple):
     """The hyper-parameters a block needs, read from the model config by ``tfmjax.models``."""
+
     d_model: int
     num_heads: int
     num_kv_heads: int
@@ -47,8 +50,9 @@ class BlockConfig(NamedTuple):
     dtype: Any = jnp.float32
 
 
-def residual(x, sublayer, norm: nn.Module, *, norm_position: str, dropout: nn.Module,
-             deterministic: bool):
+def residual(
+    x, sublayer, norm: nn.Module, *, norm_position: str, dropout: nn.Module, deterministic: bool
+):
     """Pre-norm ``x + drop(f(LN(x)))`` or post-norm ``LN(x + drop(f(x)))``; returns (x, aux)."""
     if norm_position == "pre":
         y, aux = sublayer(norm(x))
@@ -63,16 +67,29 @@ class _Block(nn.Module):
 
     def _attention(self, name: str, rope: bool = True, window: bool = True) -> MultiHeadAttention:
         c = self.cfg
-        return MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, c.head_dim,
-                                  use_bias=c.use_bias, rope_base=c.rope_base if rope else None,
-                                  window=c.window if window else None,
-                                  impl=c.attention_impl, dtype=c.dtype, name=name)
+        return MultiHeadAttention(
+            c.d_model,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            use_bias=c.use_bias,
+            rope_base=c.rope_base if rope else None,
+            window=c.window if window else None,
+            impl=c.attention_impl,
+            dtype=c.dtype,
+            name=name,
+        )
 
     def _sublayer(self, x, fn, name: str):
         c = self.cfg
-        return residual(x, fn, make_norm(c.norm, c.norm_eps, name=f"{name}_norm"),
-                        norm_position=c.norm_position, dropout=nn.Dropout(c.dropout_rate),
-                        deterministic=self.deterministic)
+        return residual(
+            x,
+            fn,
+            make_norm(c.norm, c.norm_eps, name=f"{name}_norm"),
+            norm_position=c.norm_position,
+            dropout=nn.Dropout(c.dropout_rate),
+            deterministic=self.deterministic,
+        )
 
     def _feed_forward(self, x):
         c = self.cfg
@@ -83,15 +100,26 @@ class _Block(nn.Module):
 
 class SelfAttentionBlock(_Block):
     """Encoder block (``causal=False``) or decoder-only block (``causal=True``)."""
+
     causal: bool = False
 
     @nn.compact
     def __call__(self, x, cache, inputs: BlockInputs):
         attn = self._attention("attention")
-        x, cache = self._sublayer(x, lambda h: attn(
-            h, q_positions=inputs.positions, q_segment_ids=inputs.segment_ids,
-            kv_segment_ids=inputs.segment_ids, causal=self.causal,
-            alibi_slopes=inputs.alibi_slopes, bias=inputs.bias, cache=cache), "attention")
+        x, cache = self._sublayer(
+            x,
+            lambda h: attn(
+                h,
+                q_positions=inputs.positions,
+                q_segment_ids=inputs.segment_ids,
+                kv_segment_ids=inputs.segment_ids,
+                causal=self.causal,
+                alibi_slopes=inputs.alibi_slopes,
+                bias=inputs.bias,
+                cache=cache,
+            ),
+            "attention",
+        )
         return self._feed_forward(x), cache
 
 
@@ -105,20 +133,41 @@ class DecoderBlock(_Block):
     @nn.compact
     def __call__(self, x, cache, inputs: BlockInputs):
         self_attn = self._attention("attention")
-        x, self_cache = self._sublayer(x, lambda h: self_attn(
-            h, q_positions=inputs.positions, q_segment_ids=inputs.segment_ids,
-            kv_segment_ids=inputs.segment_ids, causal=True, alibi_slopes=inputs.alibi_slopes,
-            bias=inputs.bias, cache=None if cache is None else cache["self"]), "attention")
+        x, self_cache = self._sublayer(
+            x,
+            lambda h: self_attn(
+                h,
+                q_positions=inputs.positions,
+                q_segment_ids=inputs.segment_ids,
+                kv_segment_ids=inputs.segment_ids,
+                causal=True,
+                alibi_slopes=inputs.alibi_slopes,
+                bias=inputs.bias,
+                cache=None if cache is None else cache["self"],
+            ),
+            "attention",
+        )
         # No RoPE and no sliding window across sequences: encoder slots are not decoder positions.
         cross = self._attention("cross_attention", rope=False, window=False)
         cross_kv = None
         if cache is not None:
-            cross_kv = cache.get("cross") or dict(zip("kv", cross.project_kv(inputs.encoded)))
+            cross_kv = cache.get("cross") or dict(
+                zip("kv", cross.project_kv(inputs.encoded), strict=True)
+            )
             cache = {"self": self_cache, "cross": cross_kv}
             cross_kv = (cross_kv["k"], cross_kv["v"])
-        x, _ = self._sublayer(x, lambda h: cross(
-            h, inputs.encoded, q_positions=inputs.positions, q_segment_ids=inputs.segment_ids,
-            kv_segment_ids=inputs.encoded_segment_ids, kv=cross_kv), "cross_attention")
+        x, _ = self._sublayer(
+            x,
+            lambda h: cross(
+                h,
+                inputs.encoded,
+                q_positions=inputs.positions,
+                q_segment_ids=inputs.segment_ids,
+                kv_segment_ids=inputs.encoded_segment_ids,
+                kv=cross_kv,
+            ),
+            "cross_attention",
+        )
         return self._feed_forward(x), cache
 
 

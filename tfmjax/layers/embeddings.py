@@ -1,4 +1,5 @@
 """Token embedding with an optional tied output projection (weight tying, Press & Wolf 2017)."""
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -6,7 +7,8 @@ import jax.numpy as jnp
 
 
 class TokenEmbedding(nn.Module):
-    """``[V, D]`` table: ``embed(ids [B,T]) -> [B,T,D]``, ``attend(x [B,T,D]) -> logits [B,T,V]``."""
+    """``[V, D]`` table: ``embed(ids [B,T]) -> [B,T,D]``; ``attend(x [B,T,D]) -> [B,T,V]``."""
+
     vocab_size: int
     d_model: int
     dtype: jnp.dtype = jnp.float32
@@ -14,13 +16,15 @@ class TokenEmbedding(nn.Module):
     def setup(self):
         # std D^-1/2: tied logits x E^T start O(1) for a normalised x (scale_embeddings
         # multiplies the inputs back to unit variance, as in Vaswani et al.).
-        self.embedding = self.param("embedding", nn.initializers.normal(self.d_model ** -0.5),
-                                    (self.vocab_size, self.d_model))
+        self.embedding = self.param(
+            "embedding", nn.initializers.normal(self.d_model**-0.5), (self.vocab_size, self.d_model)
+        )
 
     def __call__(self, ids):
         return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
     def attend(self, x):
         """Tied output projection: logits = x E^T."""
-        return jnp.einsum("BTD,VD->BTV", x, self.embedding.astype(self.dtype),
-                          preferred_element_type=jnp.float32)
+        return jnp.einsum(
+            "BTD,VD->BTV", x, self.embedding.astype(self.dtype), preferred_element_type=jnp.float32
+        )

@@ -1,4 +1,5 @@
 """LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019), computed in float32."""
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -12,6 +13,7 @@ def _expand(vector, like):
 
 class LayerNorm(nn.Module):
     """``gamma * (x - mean) / sqrt(var + eps) + beta`` over the last axis ``D``."""
+
     eps: float = 1e-5
 
     @nn.compact
@@ -27,13 +29,16 @@ class LayerNorm(nn.Module):
 
 class RMSNorm(nn.Module):
     """``gamma * x / sqrt(mean(x^2) + eps)`` over the last axis ``D`` (no centring, no shift)."""
+
     eps: float = 1e-5
 
     @nn.compact
     def __call__(self, x):
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
         xf = x.astype(jnp.float32)
-        y = xf * jnp.reciprocal(jnp.sqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps))
+        y = xf * jnp.reciprocal(
+            jnp.sqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps)
+        )
         return (y * _expand(scale, y)).astype(x.dtype)
 
 

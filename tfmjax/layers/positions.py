@@ -1,4 +1,6 @@
-"""Positional encodings (Vaswani 2017, Su 2021, Press 2022, Raffel 2020): sinusoidal, learned, RoPE, ALiBi, T5 relative bias."""
+"""Positional encodings: sinusoidal (Vaswani 2017), learned, RoPE (Su 2021), ALiBi (Press 2022),
+T5 relative bias (Raffel 2020)."""
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -16,7 +18,7 @@ def sinusoidal(positions, d_model: int, base: float = 10000.0):
     i = jnp.arange(d_model // 2, dtype=jnp.float32)
     omega = base ** (-2.0 * i / d_model)
     angles = positions[..., None].astype(jnp.float32) * omega.reshape((1,) * positions.ndim + (-1,))
-    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)       # [..., T, D/2, 2]
+    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., T, D/2, 2]
     pe = pe.reshape(*angles.shape[:-1], 2 * (d_model // 2))
     if d_model % 2:
         pe = jnp.concatenate([pe, jnp.zeros((*pe.shape[:-1], 1), pe.dtype)], axis=-1)
@@ -25,12 +27,15 @@ def sinusoidal(positions, d_model: int, base: float = 10000.0):
 
 class LearnedPositions(nn.Module):
     """``W_pos[positions]`` from a ``[max_len, D]`` table (GPT-2, BERT)."""
+
     max_len: int
     d_model: int
 
     @nn.compact
     def __call__(self, positions):
-        table = self.param("pos_embedding", nn.initializers.normal(0.02), (self.max_len, self.d_model))
+        table = self.param(
+            "pos_embedding", nn.initializers.normal(0.02), (self.max_len, self.d_model)
+        )
         return jnp.take(table, positions, axis=0)
 
 
@@ -40,8 +45,10 @@ def apply_rope(x, positions, base: float = 10000.0):
     ``x [B,T,N,H]``, ``positions [B,T]`` -> ``[B,T,N,H]`` in x's dtype.
     """
     H = x.shape[-1]
-    theta = base ** (-2.0 * jnp.arange(H // 2, dtype=jnp.float32) / H)          # [H/2]
-    angles = positions.astype(jnp.float32)[:, :, None, None] * theta[None, None, None]  # [B,T,1,H/2]
+    theta = base ** (-2.0 * jnp.arange(H // 2, dtype=jnp.float32) / H)  # [H/2]
+    angles = (
+        positions.astype(jnp.float32)[:, :, None, None] * theta[None, None, None]
+    )  # [B,T,1,H/2]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], H // 2, 2)
     x0, x1 = pairs[..., 0], pairs[..., 1]
@@ -61,7 +68,9 @@ def relative_bucket(relative_position, *, bidirectional: bool, num_buckets: int,
         n = jnp.maximum(n, 0)
     max_exact = num_buckets // 2
     is_small = n < max_exact
-    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / np.log(max_distance / max_exact)
+    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / np.log(
+        max_distance / max_exact
+    )
     large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
     large = jnp.minimum(large, num_buckets - 1)
     return buckets + jnp.where(is_small, n, large)
@@ -69,6 +78,7 @@ def relative_bucket(relative_position, *, bidirectional: bool, num_buckets: int,
 
 class RelativePositionBias(nn.Module):
     """T5-style learned scalar bias per head and bucket: returns ``[1, N, T, S]``."""
+
     num_heads: int
     num_buckets: int = 32
     max_distance: int = 128
@@ -77,7 +87,13 @@ class RelativePositionBias(nn.Module):
     @nn.compact
     def __call__(self, q_pos, kv_pos):
         """``q_pos [T]``, ``kv_pos [S]`` (absolute positions)."""
-        table = self.param("rel_bias", nn.initializers.normal(0.02), (self.num_buckets, self.num_heads))
-        buckets = relative_bucket(kv_pos[None, :] - q_pos[:, None], bidirectional=self.bidirectional,
-                                  num_buckets=self.num_buckets, max_distance=self.max_distance)
+        table = self.param(
+            "rel_bias", nn.initializers.normal(0.02), (self.num_buckets, self.num_heads)
+        )
+        buckets = relative_bucket(
+            kv_pos[None, :] - q_pos[:, None],
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
         return jnp.transpose(table[buckets], (2, 0, 1))[None]

@@ -7,6 +7,7 @@ other layers' (what decoding uses). Scanned parameters carry a leading ``[L]`` a
 ``layers``; unrolled ones live in ``layer_0 .. layer_{L-1}``.
 :func:`unstack_params` and :func:`stack_params` convert between the two layouts.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,8 +19,9 @@ import jax.numpy as jnp
 
 class LayerStack(nn.Module):
     """``x [B,T,D]``, per-layer ``cache`` (leading axis ``L``, or None) -> ``(x, cache)``."""
-    block: Any                     # a block class, e.g. SelfAttentionBlock
-    block_kwargs: dict             # keyword arguments of the block (its config)
+
+    block: Any  # a block class, e.g. SelfAttentionBlock
+    block_kwargs: dict  # keyword arguments of the block (its config)
     num_layers: int
     scan: bool = True
     remat: bool = False
@@ -27,10 +29,15 @@ class LayerStack(nn.Module):
     @nn.compact
     def __call__(self, x, cache, inputs):
         block = nn.remat(self.block, prevent_cse=not self.scan) if self.remat else self.block
-        per_layer = isinstance(cache, tuple)   # one cache per layer: updated in place (decoding)
+        per_layer = isinstance(cache, tuple)  # one cache per layer: updated in place (decoding)
         if self.scan:
-            scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True,
-                              "dropout": True}, in_axes=(0, nn.broadcast), length=self.num_layers)
+            scanned = nn.scan(
+                block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(0, nn.broadcast),
+                length=self.num_layers,
+            )
             stacked = jax.tree.map(lambda *cs: jnp.stack(cs), *cache) if per_layer else cache
             x, stacked = scanned(**self.block_kwargs, name="layers")(x, stacked, inputs)
             if per_layer:
@@ -53,8 +60,10 @@ def layer_cache(cache, i: int):
 
 def unstack_params(stack_params: dict, num_layers: int) -> dict:
     """``{"layers": leaves [L, ...]}`` -> ``{"layer_i": leaves [...]}``."""
-    return {f"layer_{i}": jax.tree.map(lambda p: p[i], stack_params["layers"])
-            for i in range(num_layers)}
+    return {
+        f"layer_{i}": jax.tree.map(lambda p, i=i: p[i], stack_params["layers"])
+        for i in range(num_layers)
+    }
 
 
 def stack_params(unrolled: dict, num_layers: int) -> dict:

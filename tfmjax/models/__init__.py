@@ -3,6 +3,7 @@
 Every family implements the interface of :mod:`tfmjax.models.family`; the rest of tfmjax
 talks to a model only through it.
 """
+
 from __future__ import annotations
 
 from tfmjax.config import PRESETS, ModelConfig, get_preset, preset
@@ -21,5 +22,17 @@ def build(config: ModelConfig, *, deterministic: bool = True):
     return FAMILIES[config.family](config, deterministic=deterministic)
 
 
-__all__ = ["build", "FAMILIES", "Family", "DecoderOnly", "EncoderDecoder", "EncoderOnly",
-           "InputError", "KVCache", "kv_cache_bytes", "PRESETS", "get_preset", "preset"]
+__all__ = [
+    "build",
+    "FAMILIES",
+    "Family",
+    "DecoderOnly",
+    "EncoderDecoder",
+    "EncoderOnly",
+    "InputError",
+    "KVCache",
+    "kv_cache_bytes",
+    "PRESETS",
+    "get_preset",
+    "preset",
+]

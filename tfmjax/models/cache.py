@@ -23,6 +23,7 @@ the cache by ``N/K``. Slots are preallocated; a slot with segment id 0 (left pad
 yet written) is never attended.
 Sliding-window models keep every slot and mask by distance (no ring buffer).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def kv_cache_bytes(batch: int, num_layers: int, num_kv_heads: int, max_len: int, head_dim: int,
-                   dtype=jnp.float32) -> int:
+def kv_cache_bytes(
+    batch: int, num_layers: int, num_kv_heads: int, max_len: int, head_dim: int, dtype=jnp.float32
+) -> int:
     """``2 · B · L · K · S · H · bytes_per_element``: keys and values of ``L`` layers."""
     return 2 * batch * num_layers * num_kv_heads * max_len * head_dim * np.dtype(dtype).itemsize
 
@@ -57,6 +59,7 @@ def _map_rows(layer: dict, fn, everything: bool) -> dict:
 @dataclasses.dataclass(frozen=True)
 class KVCache:
     """Decoding state of every decoder layer; see the module docstring for shapes."""
+
     layers: tuple
     lengths: jax.Array
     encoded: jax.Array | None = None
@@ -87,7 +90,7 @@ class KVCache:
         """Bytes of the whole pytree (keys, values, segment ids, lengths, cross K/V, encoder)."""
         return int(sum(leaf.nbytes for leaf in jax.tree.leaves(self)))
 
-    def reorder(self, rows) -> "KVCache":
+    def reorder(self, rows) -> KVCache:
         """Row ``i`` of the result is row ``rows[i]`` (beam search: follow each beam's parent).
 
         Only the self-attention part moves: beams only ever take parents of their own batch
@@ -97,9 +100,12 @@ class KVCache:
         layers = tuple(_map_rows(layer, take, False) for layer in self.layers)
         return dataclasses.replace(self, layers=layers, lengths=take(self.lengths))
 
-    def repeat(self, n: int) -> "KVCache":
+    def repeat(self, n: int) -> KVCache:
         """Each row repeated ``n`` times, consecutively (``[B] -> [B*n]``)."""
         rep = lambda a: None if a is None else jnp.repeat(a, n, axis=0)
-        return KVCache(layers=tuple(_map_rows(layer, rep, True) for layer in self.layers),
-                       lengths=rep(self.lengths), encoded=rep(self.encoded),
-                       encoded_segment_ids=rep(self.encoded_segment_ids))
+        return KVCache(
+            layers=tuple(_map_rows(layer, rep, True) for layer in self.layers),
+            lengths=rep(self.lengths),
+            encoded=rep(self.encoded),
+            encoded_segment_ids=rep(self.encoded_segment_ids),
+        )

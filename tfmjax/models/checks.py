@@ -5,6 +5,7 @@ decode on the wrong embedding row without a word. These checks cost microseconds
 host and nothing inside the jitted step. ``model.check_batch(batch)`` applies them to every
 token array of a family's batch (:class:`tfmjax.models.family.Family`).
 """
+
 from __future__ import annotations
 
 import jax
@@ -25,8 +26,10 @@ def check_tokens(ids, vocab_size: int, name: str = "tokens") -> None:
     bad = (ids < 0) | (ids >= vocab_size)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise InputError(f"{name} has token id {int(ids[where])} at index {list(where)} outside "
-                         f"the vocabulary [0, {vocab_size}); check the tokenizer or model.vocab_size")
+        raise InputError(
+            f"{name} has token id {int(ids[where])} at index {list(where)} outside "
+            f"the vocabulary [0, {vocab_size}); check the tokenizer or model.vocab_size"
+        )
 
 
 def check_length(length: int, config: ModelConfig, name: str = "tokens") -> None:
@@ -36,8 +39,10 @@ def check_length(length: int, config: ModelConfig, name: str = "tokens") -> None
     the others were never trained there either.
     """
     if length > config.max_len:
-        raise InputError(f"{name} has length {length} but the model takes at most "
-                         f"model.max_len={config.max_len}; shorten the input or raise model.max_len")
+        raise InputError(
+            f"{name} has length {length} but the model takes at most "
+            f"model.max_len={config.max_len}; shorten the input or raise model.max_len"
+        )
 
 
 def check_concrete_tokens(ids, vocab_size: int, name: str) -> None:

@@ -8,6 +8,7 @@ Trains on ``prompt_answer`` batches (``tokens``, ``loss_mask``, ``prompt_len``; 
 :mod:`tfmjax.data.batching`); the family methods are described in :mod:`tfmjax.models.family`.
 Generation left-pads prompts behind BOS (:mod:`tfmjax.models.prompts`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +25,17 @@ from tfmjax.layers.blocks import BlockInputs, SelfAttentionBlock
 from tfmjax.layers.stack import layer_cache
 from tfmjax.models.cache import KVCache
 from tfmjax.models.checks import check_concrete_tokens, check_length
-from tfmjax.models.common import (DTYPES, Embedder, OutputHead, PositionExtras, make_stack,
-                                  padding_segments, positions_from_segments, segment_positions,
-                                  shift_right)
+from tfmjax.models.common import (
+    DTYPES,
+    Embedder,
+    OutputHead,
+    PositionExtras,
+    make_stack,
+    padding_segments,
+    positions_from_segments,
+    segment_positions,
+    shift_right,
+)
 from tfmjax.models.family import Family
 from tfmjax.models.prompts import left_pad_decoder_prompts
 
@@ -44,8 +53,9 @@ class DecoderOnly(Family, nn.Module):
         cfg = self.config
         self.embedder = Embedder(cfg, name="embed")
         self.extras = PositionExtras(cfg, bidirectional=False, name="extras")
-        self.stack = make_stack(cfg, SelfAttentionBlock, cfg.num_layers, self.deterministic,
-                                name="decoder", causal=True)
+        self.stack = make_stack(
+            cfg, SelfAttentionBlock, cfg.num_layers, self.deterministic, name="decoder", causal=True
+        )
         self.head = OutputHead(cfg, name="head")
 
     def __call__(self, batch):
@@ -117,8 +127,10 @@ class DecoderOnly(Family, nn.Module):
         """Prompt + new tokens must fit in ``model.max_len`` positions."""
         longest, limit = int(np.max(lengths)), self.config.max_len
         if longest + max_new_tokens > limit:
-            raise ValueError(f"prompt length {longest} + max_new_tokens {max_new_tokens} = "
-                             f"{longest + max_new_tokens} exceeds model.max_len={limit}")
+            raise ValueError(
+                f"prompt length {longest} + max_new_tokens {max_new_tokens} = "
+                f"{longest + max_new_tokens} exceeds model.max_len={limit}"
+            )
 
     @nn.nowrap
     def prompt_arrays(self, prompts: np.ndarray) -> tuple:
@@ -128,8 +140,10 @@ class DecoderOnly(Family, nn.Module):
     @nn.nowrap
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         cfg = self.config
-        layers = tuple(init_layer_cache(batch, capacity, cfg.kv_heads, cfg.head_width,
-                                        DTYPES[cfg.dtype]) for _ in range(cfg.num_layers))
+        layers = tuple(
+            init_layer_cache(batch, capacity, cfg.kv_heads, cfg.head_width, DTYPES[cfg.dtype])
+            for _ in range(cfg.num_layers)
+        )
         return KVCache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32))
 
     @nn.nowrap
@@ -138,8 +152,9 @@ class DecoderOnly(Family, nn.Module):
         model, params = self.unrolled(params)
         ids, positions, segment_ids = arrays
         cache = model.init_cache(ids.shape[0], ids.shape[1] + max_new_tokens - 1)
-        logits, layers = model.apply(params, ids, positions, segment_ids, cache.layers,
-                                     method="forward")
+        logits, layers = model.apply(
+            params, ids, positions, segment_ids, cache.layers, method="forward"
+        )
         lengths = jnp.max(positions, axis=1).astype(jnp.int32) + 1
         return logits[:, -1], KVCache(layers=layers, lengths=lengths)
 
@@ -148,8 +163,9 @@ class DecoderOnly(Family, nn.Module):
         """Feed ``tokens [B]`` at position ``cache.lengths``: ``(logits [B,V], cache)``."""
         model, params = self.unrolled(params)
         ids = tokens.astype(jnp.int32)[:, None]
-        logits, layers = model.apply(params, ids, cache.lengths[:, None], jnp.ones_like(ids),
-                                     cache.layers, method="forward")
+        logits, layers = model.apply(
+            params, ids, cache.lengths[:, None], jnp.ones_like(ids), cache.layers, method="forward"
+        )
         return logits[:, 0], dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1)
 
     @nn.nowrap
@@ -159,6 +175,12 @@ class DecoderOnly(Family, nn.Module):
 
     @nn.nowrap
     def sequence_logits(self, params, tokens, segment_ids, context=None):
-        """Uncached ``[B,T,V]`` over right-padded ``tokens``: ``logits[:, j]`` predicts ``tokens[:, j]``."""
-        return self.apply(params, {"tokens": tokens, "segment_ids": segment_ids,
-                                   "positions": positions_from_segments(segment_ids)})
+        """Uncached ``[B,T,V]`` of right-padded tokens; ``logits[:, j]`` predicts token ``j``."""
+        return self.apply(
+            params,
+            {
+                "tokens": tokens,
+                "segment_ids": segment_ids,
+                "positions": positions_from_segments(segment_ids),
+            },
+        )

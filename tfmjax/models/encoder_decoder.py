@@ -8,6 +8,7 @@
 Trains on ``seq2seq`` batches (``inputs``, ``targets``; see :mod:`tfmjax.data.batching`);
 the family methods are described in :mod:`tfmjax.models.family`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +25,17 @@ from tfmjax.layers.norms import make_norm
 from tfmjax.layers.stack import layer_cache
 from tfmjax.models.cache import KVCache
 from tfmjax.models.checks import check_concrete_tokens, check_length
-from tfmjax.models.common import (DTYPES, Embedder, OutputHead, PositionExtras, make_stack,
-                                  padding_segments, positions_from_segments, segment_positions,
-                                  shift_right)
+from tfmjax.models.common import (
+    DTYPES,
+    Embedder,
+    OutputHead,
+    PositionExtras,
+    make_stack,
+    padding_segments,
+    positions_from_segments,
+    segment_positions,
+    shift_right,
+)
 from tfmjax.models.family import Family
 
 
@@ -42,13 +51,15 @@ class EncoderDecoder(Family, nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.embedder = Embedder(cfg, name="embed")   # shared by encoder, decoder (and output)
+        self.embedder = Embedder(cfg, name="embed")  # shared by encoder, decoder (and output)
         self.encoder_extras = PositionExtras(cfg, bidirectional=True, name="encoder_extras")
         self.decoder_extras = PositionExtras(cfg, bidirectional=False, name="decoder_extras")
-        self.encoder = make_stack(cfg, EncoderBlock, cfg.num_layers, self.deterministic,
-                                  name="encoder")
-        self.decoder = make_stack(cfg, DecoderBlock, cfg.decoder_layers, self.deterministic,
-                                  name="decoder")
+        self.encoder = make_stack(
+            cfg, EncoderBlock, cfg.num_layers, self.deterministic, name="encoder"
+        )
+        self.decoder = make_stack(
+            cfg, DecoderBlock, cfg.decoder_layers, self.deterministic, name="decoder"
+        )
         if cfg.norm_position == "pre":
             self.encoder_norm = make_norm(cfg.norm, cfg.norm_eps, name="encoder_norm")
         self.head = OutputHead(cfg, name="head")
@@ -61,8 +72,13 @@ class EncoderDecoder(Family, nn.Module):
         encoded = self.encode(inputs)
         segment_ids = padding_segments(targets)
         decoder_in = shift_right(targets, segment_ids, self.config.bos_id)
-        logits, _ = self.decode(decoder_in, segment_positions(segment_ids), segment_ids,
-                                encoded, padding_segments(inputs))
+        logits, _ = self.decode(
+            decoder_in,
+            segment_positions(segment_ids),
+            segment_ids,
+            encoded,
+            padding_segments(inputs),
+        )
         return logits
 
     def encode(self, inputs):
@@ -87,8 +103,14 @@ class EncoderDecoder(Family, nn.Module):
         kv_len = T if cache is None else first["k"].shape[2]
         slopes, bias = self.decoder_extras(T, kv_len, offset)
         x = self.embedder(input_ids, positions, deterministic=self.deterministic)
-        inputs = BlockInputs(positions, segment_ids, slopes, bias, encoded,
-                             jnp.asarray(encoded_segment_ids, jnp.int32))
+        inputs = BlockInputs(
+            positions,
+            segment_ids,
+            slopes,
+            bias,
+            encoded,
+            jnp.asarray(encoded_segment_ids, jnp.int32),
+        )
         x, cache = self.decoder(x, cache, inputs)
         return self.head(x, self.embedder), cache
 
@@ -142,9 +164,14 @@ class EncoderDecoder(Family, nn.Module):
     @nn.nowrap
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         cfg = self.config
-        layers = tuple({"self": init_layer_cache(batch, capacity, cfg.kv_heads, cfg.head_width,
-                                                 DTYPES[cfg.dtype])}
-                       for _ in range(cfg.decoder_layers))
+        layers = tuple(
+            {
+                "self": init_layer_cache(
+                    batch, capacity, cfg.kv_heads, cfg.head_width, DTYPES[cfg.dtype]
+                )
+            }
+            for _ in range(cfg.decoder_layers)
+        )
         return KVCache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32))
 
     @nn.nowrap
@@ -157,11 +184,22 @@ class EncoderDecoder(Family, nn.Module):
         encoded = model.apply(params, inputs, method="encode")
         cache = model.init_cache(B, max_new_tokens)
         bos = jnp.full((B, 1), self.config.bos_id, jnp.int32)
-        logits, layers = model.apply(params, bos, jnp.zeros((B, 1), jnp.int32),
-                                     jnp.ones((B, 1), jnp.int32), encoded, encoded_segment_ids,
-                                     cache.layers, method="decode")
-        cache = KVCache(layers=layers, lengths=jnp.ones((B,), jnp.int32), encoded=encoded,
-                        encoded_segment_ids=encoded_segment_ids)
+        logits, layers = model.apply(
+            params,
+            bos,
+            jnp.zeros((B, 1), jnp.int32),
+            jnp.ones((B, 1), jnp.int32),
+            encoded,
+            encoded_segment_ids,
+            cache.layers,
+            method="decode",
+        )
+        cache = KVCache(
+            layers=layers,
+            lengths=jnp.ones((B,), jnp.int32),
+            encoded=encoded,
+            encoded_segment_ids=encoded_segment_ids,
+        )
         return logits[:, -1], cache
 
     @nn.nowrap
@@ -169,9 +207,16 @@ class EncoderDecoder(Family, nn.Module):
         """Feed ``tokens [B]`` at position ``cache.lengths``: ``(logits [B,V], cache)``."""
         model, params = self.unrolled(params)
         ids = tokens.astype(jnp.int32)[:, None]
-        logits, layers = model.apply(params, ids, cache.lengths[:, None], jnp.ones_like(ids),
-                                     cache.encoded, cache.encoded_segment_ids, cache.layers,
-                                     method="decode")
+        logits, layers = model.apply(
+            params,
+            ids,
+            cache.lengths[:, None],
+            jnp.ones_like(ids),
+            cache.encoded,
+            cache.encoded_segment_ids,
+            cache.layers,
+            method="decode",
+        )
         return logits[:, 0], dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1)
 
     @nn.nowrap
@@ -185,6 +230,13 @@ class EncoderDecoder(Family, nn.Module):
         bos = self.config.bos_id
         shifted = jnp.concatenate([jnp.full_like(tokens[:, :1], bos), tokens[:, :-1]], axis=1)
         encoded = self.apply(params, context, method="encode")
-        logits, _ = self.apply(params, shifted, positions_from_segments(segment_ids),
-                               segment_ids, encoded, padding_segments(context), method="decode")
+        logits, _ = self.apply(
+            params,
+            shifted,
+            positions_from_segments(segment_ids),
+            segment_ids,
+            encoded,
+            padding_segments(context),
+            method="decode",
+        )
         return logits

@@ -3,6 +3,7 @@
 ``model.apply(params, {"tokens": [B,T]})`` returns logits ``[B,T,V]`` at every position
 (bidirectional, no shift). Optional ``segment_ids [B,T]`` and ``positions [B,T]``.
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -10,13 +11,20 @@ import flax.linen as nn
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockInputs, EncoderBlock
 from tfmjax.models.checks import check_concrete_tokens, check_length
-from tfmjax.models.common import (Embedder, OutputHead, PositionExtras, make_stack,
-                                  padding_segments, segment_positions)
+from tfmjax.models.common import (
+    Embedder,
+    OutputHead,
+    PositionExtras,
+    make_stack,
+    padding_segments,
+    segment_positions,
+)
 from tfmjax.models.family import Family
 
 
 class EncoderOnly(Family, nn.Module):
     """No task batch format yet and no generation: the family methods raise for those."""
+
     config: ModelConfig
     deterministic: bool = True
 
@@ -27,8 +35,9 @@ class EncoderOnly(Family, nn.Module):
         cfg = self.config
         self.embedder = Embedder(cfg, name="embed")
         self.extras = PositionExtras(cfg, bidirectional=True, name="extras")
-        self.stack = make_stack(cfg, EncoderBlock, cfg.num_layers, self.deterministic,
-                                name="encoder")
+        self.stack = make_stack(
+            cfg, EncoderBlock, cfg.num_layers, self.deterministic, name="encoder"
+        )
         self.head = OutputHead(cfg, name="head")
 
     def __call__(self, batch):

@@ -39,6 +39,7 @@ Generation with a KV cache (``M`` new tokens; :mod:`tfmjax.decode` drives these)
 Subclasses define these with ``@nn.nowrap``: they are plain Python around ``apply``, not
 parts of the Linen computation.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,6 +57,7 @@ from tfmjax.models.common import DTYPES
 
 class Family:
     """Mixin of every model family; see the module docstring for the contract."""
+
     family: ClassVar[str]
     batch_format: ClassVar[str | None] = None
     token_keys: ClassVar[tuple[str, ...]] = ("tokens",)
@@ -74,7 +76,9 @@ class Family:
         """Check every token array of a batch on the host: keys, rank, ids, lengths."""
         for key in self.token_keys:
             if key not in batch:
-                raise InputError(f"a {self.family} batch needs key {key!r}; got keys {sorted(batch)}")
+                raise InputError(
+                    f"a {self.family} batch needs key {key!r}; got keys {sorted(batch)}"
+                )
             ids = np.asarray(batch[key])
             if ids.ndim != 2:
                 raise InputError(f"{key} must be [batch, length], got shape {ids.shape}")
@@ -105,8 +109,14 @@ class Family:
     def kv_cache_bytes(self, batch: int, capacity: int) -> int:
         """``2 · B · L · K · S · H · bytes`` of the decoder self-attention cache."""
         cfg = self.config
-        return kv_cache_bytes(batch, self.layer_stacks()["decoder"], cfg.kv_heads, capacity,
-                              cfg.head_width, DTYPES[cfg.dtype])
+        return kv_cache_bytes(
+            batch,
+            self.layer_stacks()["decoder"],
+            cfg.kv_heads,
+            capacity,
+            cfg.head_width,
+            DTYPES[cfg.dtype],
+        )
 
     def unrolled(self, params):
         """``(model, params)`` with ``scan_layers=False``: the same function, layers unrolled.
@@ -117,12 +127,14 @@ class Family:
         if not self.config.scan_layers:
             return self, params
         stacks = self.layer_stacks()
-        inner = {name: unstack_params(sub, stacks[name]) if name in stacks and "layers" in sub
-                 else sub for name, sub in params["params"].items()}
-        model = type(self)(dataclasses.replace(self.config, scan_layers=False),
-                           deterministic=True)
+        inner = {
+            name: unstack_params(sub, stacks[name]) if name in stacks and "layers" in sub else sub
+            for name, sub in params["params"].items()
+        }
+        model = type(self)(dataclasses.replace(self.config, scan_layers=False), deterministic=True)
         return model, dict(params, params=inner)
 
     def _cannot(self, what: str) -> Exception:
-        return NotImplementedError(f"a {self.family} model cannot {what}; "
-                                   "use a decoder_only or encoder_decoder model")
+        return NotImplementedError(
+            f"a {self.family} model cannot {what}; use a decoder_only or encoder_decoder model"
+        )

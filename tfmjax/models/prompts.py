@@ -13,6 +13,7 @@ distance between any two real tokens of a row. Positions (learned, sinusoidal, R
 row and start at 0 at BOS, and padded slots have segment id 0 so nothing ever attends to
 them: padding never changes another row's result.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -22,10 +23,11 @@ import numpy as np
 
 class DecoderPrompt(NamedTuple):
     """A left-padded decoder-only prompt batch (int32 numpy arrays)."""
-    ids: np.ndarray            # [B,P'] BOS + prompt, left-padded with 0
-    positions: np.ndarray      # [B,P'] 0 at BOS (and at padding)
-    segment_ids: np.ndarray    # [B,P'] 1 = real token, 0 = padding
-    lengths: np.ndarray        # [B]   prompt tokens per row (without BOS)
+
+    ids: np.ndarray  # [B,P'] BOS + prompt, left-padded with 0
+    positions: np.ndarray  # [B,P'] 0 at BOS (and at padding)
+    segment_ids: np.ndarray  # [B,P'] 1 = real token, 0 = padding
+    lengths: np.ndarray  # [B]   prompt tokens per row (without BOS)
 
 
 def as_right_padded(prompts, vocab_size: int, what: str = "prompts") -> np.ndarray:
@@ -41,23 +43,29 @@ def as_right_padded(prompts, vocab_size: int, what: str = "prompts") -> np.ndarr
         width = max(len(r) for r in rows)
         arr = np.zeros((len(rows), width), np.int64)
         for i, r in enumerate(rows):
-            arr[i, :len(r)] = r
+            arr[i, : len(r)] = r
     else:
         arr = np.asarray(prompts)
         if arr.ndim != 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"{what} must be a non-empty [B,P] int array or a list of id lists; "
-                             f"got shape {arr.shape} dtype {arr.dtype}")
+            raise ValueError(
+                f"{what} must be a non-empty [B,P] int array or a list of id lists; "
+                f"got shape {arr.shape} dtype {arr.dtype}"
+            )
     bad = (arr < 0) | (arr >= vocab_size)
     if bad.any():
         b, p = np.argwhere(bad)[0]
-        raise ValueError(f"{what}[{b}, {p}] = {arr[b, p]} is outside the vocabulary "
-                         f"[0, {vocab_size}) of this model")
+        raise ValueError(
+            f"{what}[{b}, {p}] = {arr[b, p]} is outside the vocabulary "
+            f"[0, {vocab_size}) of this model"
+        )
     real = arr != 0
     gap = ~real[:, :-1] & real[:, 1:]
     if gap.any():
         b, p = np.argwhere(gap)[0]
-        raise ValueError(f"{what}[{b}] has padding (0) at {p} before a token: pad on the right "
-                         "only (0 is the PAD id)")
+        raise ValueError(
+            f"{what}[{b}] has padding (0) at {p} before a token: pad on the right "
+            "only (0 is the PAD id)"
+        )
     return arr.astype(np.int32)
 
 
@@ -76,7 +84,7 @@ def left_pad_decoder_prompts(arr: np.ndarray, bos_id: int) -> DecoderPrompt:
     for i, n in enumerate(lengths):
         start = width - 1 - n
         ids[i, start] = bos_id
-        ids[i, start + 1:] = arr[i, :n]
+        ids[i, start + 1 :] = arr[i, :n]
         positions[i, start:] = np.arange(n + 1)
         segment_ids[i, start:] = 1
     return DecoderPrompt(ids, positions, segment_ids, lengths)

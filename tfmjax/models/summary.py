@@ -3,6 +3,7 @@
 Shapes come from ``jax.eval_shape``, so full-size presets cost nothing. The CLI is
 ``python -m tfmjax.summary`` (:mod:`tfmjax.summary`).
 """
+
 from __future__ import annotations
 
 import jax

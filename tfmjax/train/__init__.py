@@ -5,16 +5,20 @@
 
 Names are imported lazily, so ``import tfmjax.train.step`` does not pull in Orbax.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {
-    "TrainState": "tfmjax.train.state", "create_state": "tfmjax.train.state",
+    "TrainState": "tfmjax.train.state",
+    "create_state": "tfmjax.train.state",
     "abstract_state": "tfmjax.train.state",
-    "make_train_step": "tfmjax.train.step", "make_eval_step": "tfmjax.train.step",
+    "make_train_step": "tfmjax.train.step",
+    "make_eval_step": "tfmjax.train.step",
     "jit_train_step": "tfmjax.train.step",
-    "train": "tfmjax.train.loop", "build_run": "tfmjax.train.loop",
+    "train": "tfmjax.train.loop",
+    "build_run": "tfmjax.train.loop",
     "NonFiniteLossError": "tfmjax.train.loop",
     "plot_metrics": "tfmjax.train.plots",
 }

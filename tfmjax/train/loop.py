@@ -13,13 +13,13 @@ SIGTERM / Ctrl-C: the current step finishes, the state is saved, the save is wai
 and ``train`` returns with ``stopped=True`` (a second Ctrl-C interrupts at once).
 A non-finite loss raises :class:`NonFiniteLossError` without saving anything more.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,15 +27,16 @@ from pathlib import Path
 
 import jax
 
+from tfmjax.checkpoint import Checkpointer, load_config
 from tfmjax.config import LOWER_IS_BETTER, ConfigError, Experiment
 from tfmjax.data import make_batch, make_task
 from tfmjax.evaluator import Evaluator
 from tfmjax.models import FAMILIES, build
 from tfmjax.models.checks import InputError
 from tfmjax.models.summary import summarize
-from tfmjax.checkpoint import Checkpointer
 from tfmjax.train.metrics_log import Console, MetricsLog
 from tfmjax.train.optimizer import make_optimizer
+from tfmjax.train.resume import check_resume
 from tfmjax.train.schedules import make_schedule
 from tfmjax.train.state import abstract_state, count_params, create_state, reset_window
 from tfmjax.train.step import jit_train_step, make_train_step, window_means
@@ -48,19 +49,25 @@ class NonFiniteLossError(RuntimeError):
 @dataclasses.dataclass
 class Run:
     """Everything built from an experiment before the first step (no files touched)."""
+
     experiment: Experiment
     task: object
-    model: object            # deterministic: init and eval
+    model: object  # deterministic: init and eval
     tx: object
     schedule: object
-    train_step: Callable     # jitted, state donated
+    train_step: Callable  # jitted, state donated
     evaluator: Evaluator
-    tokens_per_step: int     # padded positions per batch (what the step computes on)
+    tokens_per_step: int  # padded positions per batch (what the step computes on)
 
     def batch(self, step: int) -> dict:
         exp = self.experiment
-        return make_batch(self.task, batch_format=self.model.batch_format,
-                          batch_size=exp.data.batch_size, seed=exp.train.seed, step=step)
+        return make_batch(
+            self.task,
+            batch_format=self.model.batch_format,
+            batch_size=exp.data.batch_size,
+            seed=exp.train.seed,
+            step=step,
+        )
 
 
 def _task(experiment: Experiment, model):
@@ -68,21 +75,24 @@ def _task(experiment: Experiment, model):
     data = experiment.data
     if model.batch_format is None:
         trainable = ", ".join(name for name, cls in FAMILIES.items() if cls.batch_format)
-        raise ConfigError(f"model.family={model.family!r} cannot be trained on a toy task; "
-                          f"use one of {trainable}")
+        raise ConfigError(
+            f"model.family={model.family!r} cannot be trained on a toy task; use one of {trainable}"
+        )
     try:
         task = make_task(data.task, **data.task_params)
     except ValueError as err:
         raise ConfigError(f"data.task={data.task!r}: {err}") from None
     vocab_size = experiment.model.vocab_size
     if vocab_size < task.vocab.size:
-        raise ConfigError(f"model.vocab_size={vocab_size} is smaller than the vocabulary "
-                          f"of task {data.task!r} ({task.vocab.size} ids); set model.vocab_size "
-                          f">= {task.vocab.size}")
+        raise ConfigError(
+            f"model.vocab_size={vocab_size} is smaller than the vocabulary "
+            f"of task {data.task!r} ({task.vocab.size} ids); set model.vocab_size "
+            f">= {task.vocab.size}"
+        )
     return task
 
 
-_RUNS: dict[str, Run] = {}   # the last few builds, so training twice in one process compiles once
+_RUNS: dict[str, Run] = {}  # the last few builds, so training twice in one process compiles once
 _MAX_RUNS = 2
 
 
@@ -112,20 +122,39 @@ def _build_run(experiment: Experiment) -> Run:
     model = build(m)
     task = _task(experiment, model)
     try:
-        schedule = make_schedule(o.schedule, peak_lr=o.learning_rate, warmup_steps=o.warmup_steps,
-                                 total_steps=t.steps, d_model=m.d_model, end_lr=o.end_learning_rate,
-                                 decay_fraction=o.decay_fraction)
+        schedule = make_schedule(
+            o.schedule,
+            peak_lr=o.learning_rate,
+            warmup_steps=o.warmup_steps,
+            total_steps=t.steps,
+            d_model=m.d_model,
+            end_lr=o.end_learning_rate,
+            decay_fraction=o.decay_fraction,
+        )
     except ValueError as err:
-        raise ConfigError(f"optim.schedule={o.schedule!r} with optim.warmup_steps={o.warmup_steps} "
-                          f"and train.steps={t.steps}: {err}") from None
+        raise ConfigError(
+            f"optim.schedule={o.schedule!r} with optim.warmup_steps={o.warmup_steps} "
+            f"and train.steps={t.steps}: {err}"
+        ) from None
     try:
         evaluator = Evaluator(m, task, batch_size=d.batch_size, num_examples=d.eval_examples)
     except (ValueError, InputError) as err:
         raise ConfigError(str(err)) from None
-    tx = make_optimizer(schedule=schedule, weight_decay=o.weight_decay, b1=o.b1, b2=o.b2,
-                        eps=o.eps, clip_norm=o.clip_norm)
-    step = make_train_step(build(m, deterministic=False), tx, schedule,
-                           label_smoothing=o.label_smoothing, grad_accum_steps=o.grad_accum_steps)
+    tx = make_optimizer(
+        schedule=schedule,
+        weight_decay=o.weight_decay,
+        b1=o.b1,
+        b2=o.b2,
+        eps=o.eps,
+        clip_norm=o.clip_norm,
+    )
+    step = make_train_step(
+        build(m, deterministic=False),
+        tx,
+        schedule,
+        label_smoothing=o.label_smoothing,
+        grad_accum_steps=o.grad_accum_steps,
+    )
     run = Run(experiment, task, model, tx, schedule, jit_train_step(step), evaluator, 0)
     sample = run.batch(0)
     try:
@@ -162,31 +191,46 @@ class StopSignals:
 def _check_finite(state, last_saved: int | None) -> None:
     nonfinite, first = jax.device_get((state.window["nonfinite"], state.window["first_nonfinite"]))
     if nonfinite:
-        kept = (f"the last checkpoint (step {last_saved}) is untouched" if last_saved
-                else "no checkpoint was written")
+        kept = (
+            f"the last checkpoint (step {last_saved}) is untouched"
+            if last_saved
+            else "no checkpoint was written"
+        )
         raise NonFiniteLossError(
             f"non-finite loss or gradient at step {int(first) + 1}: training stopped and this "
             f"state was not saved; {kept}. Lower optim.learning_rate, raise optim.warmup_steps "
-            "or set optim.clip_norm")
+            "or set optim.clip_norm"
+        )
 
 
 @dataclasses.dataclass
 class _Window:
     """Wall-clock bookkeeping of the current log window (never enters the state)."""
+
     start: float = dataclasses.field(default_factory=time.perf_counter)
     steps: int = 0
 
     def timing(self, tokens_per_step: int, elapsed: float) -> dict:
         seconds = max(time.perf_counter() - self.start, 1e-9)
-        return {"tokens_per_sec": self.steps * tokens_per_step / seconds,
-                "steps_per_sec": self.steps / seconds, "elapsed_sec": elapsed}
+        return {
+            "tokens_per_sec": self.steps * tokens_per_step / seconds,
+            "steps_per_sec": self.steps / seconds,
+            "elapsed_sec": elapsed,
+        }
 
 
 class _Loop:
     """One call of :func:`train`: the state plus the files, clocks and console it writes."""
 
-    def __init__(self, run: Run, console: Console, log: MetricsLog, ckpt: Checkpointer,
-                 last_saved: int | None, on_step: Callable | None):
+    def __init__(
+        self,
+        run: Run,
+        console: Console,
+        log: MetricsLog,
+        ckpt: Checkpointer,
+        last_saved: int | None,
+        on_step: Callable | None,
+    ):
         self.run, self.console, self.log, self.ckpt = run, console, log, ckpt
         self.last_saved, self.on_step = last_saved, on_step
         self.started = time.perf_counter()
@@ -198,8 +242,12 @@ class _Loop:
 
     def log_train(self, state, step: int):
         _check_finite(state, self.last_saved)
-        record = {"step": step, "split": "train", **window_means(jax.device_get(state.window)),
-                  "timing": self.window.timing(self.run.tokens_per_step, self.elapsed())}
+        record = {
+            "step": step,
+            "split": "train",
+            **window_means(jax.device_get(state.window)),
+            "timing": self.window.timing(self.run.tokens_per_step, self.elapsed()),
+        }
         self.log.write(record)
         self.console.record(record)
         self.window = _Window()
@@ -212,7 +260,7 @@ class _Loop:
         self.log.write(record)
         self.console.record(record)
         self.last_eval = {k: v for k, v in record.items() if k not in ("timing", "split")}
-        self.window.start += timing["eval_sec"]   # eval time is not training time
+        self.window.start += timing["eval_sec"]  # eval time is not training time
 
     def save(self, state, step: int, metrics: dict | None) -> None:
         _check_finite(state, self.last_saved)
@@ -233,8 +281,11 @@ class _Loop:
     def run_steps(self, state, start: int, stop: StopSignals):
         t = self.run.experiment.train
         if start >= t.steps:
-            self.console.print(f"the checkpoint is at step {start} and train.steps={t.steps}: "
-                               "nothing to do (raise train.steps to train longer)")
+            self.console.print(
+                f"the run in {self.run.experiment.workdir} finished at step {start} "
+                f"(train.steps={t.steps}): nothing to do; to train longer, rerun with "
+                f"train.steps={2 * start}"
+            )
             return state, start, False
         for step in range(start, t.steps):
             batch = self.run.batch(step)
@@ -272,49 +323,72 @@ class _Loop:
 def _header(run: Run, params, start: int, console: Console) -> None:
     exp = run.experiment
     console.print(summarize(exp.model))
-    console.print(f"experiment {exp.name}: {exp.model.family} on task {exp.data.task}, "
-                  f"{count_params(params):,} parameters, batch {exp.data.batch_size}, "
-                  f"{exp.train.steps} steps; workdir {exp.workdir}")
+    console.print(
+        f"experiment {exp.name}: {exp.model.family} on task {exp.data.task}, "
+        f"{count_params(params):,} parameters, batch {exp.data.batch_size}, "
+        f"{exp.train.steps} steps; workdir {exp.workdir}"
+    )
     if start:
         console.print(f"resumed from checkpoint step {start}")
 
 
-def _restore(run: Run, ckpt: Checkpointer, sample: dict):
+def _restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
+    """``(state, step, changes)``: the newest good checkpoint (or a fresh state, step 0) and
+    the config changes this resume applies (see :mod:`tfmjax.train.resume`)."""
     exp = run.experiment
     target = abstract_state(run.model, run.tx, sample, exp.train.seed)
-    restored = ckpt.restore_or_none(target, config=exp.to_dict())
-    if restored is None:
-        return create_state(run.model, run.tx, sample, exp.train.seed), 0
-    return restored
+    if ckpt.latest_step() is None:
+        return create_state(run.model, run.tx, sample, exp.train.seed), 0, []
+    saved = load_config(ckpt.directory)
+    applied = check_resume(saved, exp, ckpt.latest_step(), override=override)
+    state, step = ckpt.restore(target, config=None if override else exp.to_dict())
+    return state, step, applied
 
 
-def train(experiment: Experiment, *, stream=None, progress: bool | None = None,
-          on_step: Callable[[int], None] | None = None, plot: bool = True) -> dict:
+def train(
+    experiment: Experiment,
+    *,
+    stream=None,
+    progress: bool | None = None,
+    on_step: Callable[[int], None] | None = None,
+    plot: bool = True,
+    override_config: bool = False,
+) -> dict:
     """Train (or resume) ``experiment``; returns ``{"step", "stopped", "eval", "workdir"}``.
 
     ``progress``: a tqdm bar (None: only on a TTY). ``on_step(step)`` is called after each
-    step (tests use it to inject failures). Raises ConfigError, CheckpointError,
+    step (tests use it to inject failures). A workdir that holds a run resumes it; a changed
+    config is applied or refused as :mod:`tfmjax.train.resume` says (``override_config``
+    continues with any change and records it). Raises ConfigError, CheckpointError,
     NonFiniteLossError.
     """
     run = build_run(experiment)
     workdir = Path(experiment.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     t = experiment.train
-    ckpt = Checkpointer(workdir.resolve(), keep=t.keep_checkpoints, best_metric=t.best_metric,
-                        best_mode="min" if t.best_metric in LOWER_IS_BETTER else "max")
+    ckpt = Checkpointer(
+        workdir.resolve(),
+        keep=t.keep_checkpoints,
+        best_metric=t.best_metric,
+        best_mode="min" if t.best_metric in LOWER_IS_BETTER else "max",
+    )
     with contextlib.ExitStack() as stack:
         stack.callback(ckpt.close)
-        state, start = _restore(run, ckpt, run.batch(0))
+        state, start, applied = _restore(run, ckpt, run.batch(0), override_config)
         log = MetricsLog(workdir, resume_step=start, tensorboard=t.tensorboard)
         stack.callback(log.close)
         console = Console(total=t.steps, initial=start, stream=stream, progress=progress)
         stack.callback(console.close)
         _header(run, state.params, start, console)
+        if applied:
+            console.print(f"resuming step {start} with {', '.join(applied)}")
+            log.write({"step": start, "split": "config", "changes": applied})
         loop = _Loop(run, console, log, ckpt, start or None, on_step)
         with StopSignals() as stop:
             state, step, stopped = loop.run_steps(state, start, stop)
             ckpt.wait()
     if plot:
         from tfmjax.train.plots import plot_metrics
+
         plot_metrics(workdir)
     return {"step": step, "stopped": stopped, "eval": loop.last_eval, "workdir": str(workdir)}

@@ -4,6 +4,7 @@ Every record is ``{"step": int, "split": "train"|"eval", <metric>: float, ...,
 "timing": {...}}``. Wall-clock numbers (tokens/s, seconds) live under ``"timing"`` only,
 so two runs can be compared with :func:`deterministic_part`.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ def read_records(path: str | Path) -> list[dict]:
 
 
 def deterministic_part(record: dict) -> dict:
-    """A record without its wall-clock ``timing``: equal across an interrupted and a straight run."""
+    """A record without its wall-clock ``timing``: equal for an interrupted and a straight run."""
     return {k: v for k, v in record.items() if k != "timing"}
 
 
@@ -40,8 +41,11 @@ def _tensorboard_writer(directory: Path, enabled: bool):
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
-        print("warning: train.tensorboard=true but tensorboardX is not installed "
-              "(pip install tensorboardX); logging to metrics.jsonl only", file=sys.stderr)
+        print(
+            "warning: train.tensorboard=true but tensorboardX is not installed "
+            "(pip install tensorboardX); logging to metrics.jsonl only",
+            file=sys.stderr,
+        )
         return None
     return SummaryWriter(str(directory / "tensorboard"))
 
@@ -80,8 +84,14 @@ class MetricsLog:
 
 def format_record(record: dict) -> str:
     """One console line: ``train step 100  loss 1.234  acc 0.567 ...``."""
-    short = {"loss": "loss", "token_accuracy": "acc", "exact_match": "exact", "grad_norm": "gnorm",
-             "learning_rate": "lr", "perplexity": "ppl"}
+    short = {
+        "loss": "loss",
+        "token_accuracy": "acc",
+        "exact_match": "exact",
+        "grad_norm": "gnorm",
+        "learning_rate": "lr",
+        "perplexity": "ppl",
+    }
     parts = [f"{record['split']:<5} step {record['step']:>6}"]
     for key, name in short.items():
         if key in record:
@@ -104,10 +114,18 @@ class Console:
         self.bar = None
         if tty if progress is None else progress:
             from tqdm import tqdm
+
             sized = shutil.get_terminal_size((0, 0)).lines > 0  # a 0x0 pty hides tqdm's bar
-            self.bar = tqdm(total=total, initial=initial, file=self.stream, dynamic_ncols=sized,
-                            ncols=None if sized else 100, nrows=None if sized else 24,
-                            unit="step", mininterval=0.25)
+            self.bar = tqdm(
+                total=total,
+                initial=initial,
+                file=self.stream,
+                dynamic_ncols=sized,
+                ncols=None if sized else 100,
+                nrows=None if sized else 24,
+                unit="step",
+                mininterval=0.25,
+            )
 
     def step(self) -> None:
         if self.bar is not None:
@@ -115,8 +133,9 @@ class Console:
 
     def record(self, record: dict) -> None:
         if self.bar is not None and record["split"] == "train":
-            self.bar.set_postfix(loss=f"{record['loss']:.4f}",
-                                 acc=f"{record['token_accuracy']:.3f}", refresh=False)
+            self.bar.set_postfix(
+                loss=f"{record['loss']:.4f}", acc=f"{record['token_accuracy']:.3f}", refresh=False
+            )
             return
         self.print(format_record(record))
 

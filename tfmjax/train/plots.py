@@ -3,6 +3,7 @@
 ``python -m tfmjax.train.plots WORKDIR`` writes ``WORKDIR/metrics.png`` (the training
 loop does the same at its end).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,7 @@ def _panel(ax, records, title: str, lines: list[tuple[str, str, str]], log_y: bo
 def plot_metrics(workdir: str | Path, out: str | Path | None = None) -> Path:
     """Draw ``workdir/metrics.jsonl`` into ``out`` (default ``workdir/metrics.png``)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -44,11 +46,23 @@ def plot_metrics(workdir: str | Path, out: str | Path | None = None) -> Path:
     if not records:
         raise FileNotFoundError(f"no metrics in {workdir / METRICS_FILE}")
     fig, (loss, acc, lr) = plt.subplots(1, 3, figsize=(15, 4))
-    _panel(loss, records, "loss (NLL per target token)",
-           [("train", "loss", "train"), ("eval", "loss", "eval")], log_y=True)
-    _panel(acc, records, "accuracy",
-           [("train", "token_accuracy", "train token"), ("eval", "token_accuracy", "eval token"),
-            ("eval", "exact_match", "eval exact match (greedy)")])
+    _panel(
+        loss,
+        records,
+        "loss (NLL per target token)",
+        [("train", "loss", "train"), ("eval", "loss", "eval")],
+        log_y=True,
+    )
+    _panel(
+        acc,
+        records,
+        "accuracy",
+        [
+            ("train", "token_accuracy", "train token"),
+            ("eval", "token_accuracy", "eval token"),
+            ("eval", "exact_match", "eval exact match (greedy)"),
+        ],
+    )
     acc.set_ylim(-0.02, 1.02)
     _panel(lr, records, "learning rate", [("train", "learning_rate", "lr")])
     fig.tight_layout()
@@ -59,8 +73,9 @@ def plot_metrics(workdir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfmjax.train.plots",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tfmjax.train.plots", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("workdir", help="a training workdir holding metrics.jsonl")
     args = parser.parse_args(argv)
     try:

@@ -53,9 +53,7 @@ def _check_float(name: str, value, minimum: float = 0.0) -> float:
 def _check_total(total_steps, warmup_steps: int) -> int:
     total_steps = _check_int("total_steps", total_steps, 0)
     if total_steps < warmup_steps:
-        raise ValueError(
-            f"total_steps must be >= warmup_steps={warmup_steps}, got {total_steps!r}"
-        )
+        raise ValueError(f"total_steps must be >= warmup_steps={warmup_steps}, got {total_steps!r}")
     return total_steps
 
 

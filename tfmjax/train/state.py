@@ -1,7 +1,7 @@
 """The training state: one plain pytree that a checkpoint holds whole.
 
 ``TrainState`` fields (all JAX arrays, so the state checkpoints and donates as is):
-  step     int32 []      updates done; batch ``step`` and dropout key ``fold_in(root, step)`` come next
+  step     int32 []      updates done; batch ``step`` and key ``fold_in(root, step)`` come next
   params   pytree        float32 model parameters (compute dtype is ``model.dtype``)
   opt_state pytree       the Optax state
   rng      uint32 [2]    root key as raw key data (``jax.random.key_data``), so it checkpoints
@@ -9,6 +9,7 @@
                          the state so a resumed run logs exactly the numbers an uninterrupted
                          run logs, even when it resumes in the middle of a window
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,7 @@ import optax
 # window of any length fits; ``first_nonfinite`` is -1 until a step has a non-finite loss.
 # ``SUM_KEYS`` are the per-batch sums a train step adds (see tfmjax.train.step.batch_sums).
 SUM_KEYS = ("loss_sum", "nll_sum", "tokens", "correct", "exact", "sequences")
-WINDOW_KEYS = ("steps", *SUM_KEYS, "grad_norm_sum", "nonfinite", "first_nonfinite",
-               "learning_rate")
+WINDOW_KEYS = ("steps", *SUM_KEYS, "grad_norm_sum", "nonfinite", "first_nonfinite", "learning_rate")
 
 
 @flax.struct.dataclass
@@ -54,8 +54,9 @@ def init_keys(seed: int) -> tuple[jax.Array, jax.Array]:
     return init_key, root_key
 
 
-def create_state(model, tx: optax.GradientTransformation, sample_batch: dict,
-                 seed: int) -> TrainState:
+def create_state(
+    model, tx: optax.GradientTransformation, sample_batch: dict, seed: int
+) -> TrainState:
     """A fresh state: ``model.init`` on ``sample_batch``, ``tx.init``, step 0, empty window.
 
     Jitted: one compile is far cheaper than running the init op by op.
@@ -66,13 +67,18 @@ def create_state(model, tx: optax.GradientTransformation, sample_batch: dict,
 def _create(model, tx, sample_batch: dict, seed: int) -> TrainState:
     init_key, root_key = init_keys(seed)
     params = model.init({"params": init_key}, sample_batch)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), rng=jax.random.key_data(root_key),
-                      window=empty_window())
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        rng=jax.random.key_data(root_key),
+        window=empty_window(),
+    )
 
 
-def abstract_state(model, tx: optax.GradientTransformation, sample_batch: dict,
-                   seed: int) -> TrainState:
+def abstract_state(
+    model, tx: optax.GradientTransformation, sample_batch: dict, seed: int
+) -> TrainState:
     """Shapes and dtypes of :func:`create_state` (no memory, no compute): a restore target."""
     return jax.eval_shape(functools.partial(_create, model, tx, seed=seed), sample_batch)
 

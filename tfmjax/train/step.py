@@ -13,6 +13,7 @@ unchanged (``jnp.where``), counts itself in ``window["nonfinite"]`` and records 
 index in ``window["first_nonfinite"]``; the loop reads the window and stops. So a bad
 update never reaches the state, let alone a checkpoint.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,8 +32,14 @@ def batch_sums(logits, targets, mask, label_smoothing: float) -> dict:
     nll_sum = cross_entropy(logits, targets, mask)[0] if label_smoothing else loss_sum
     correct, _ = token_accuracy(logits, targets, mask)
     exact, sequences = sequence_exact_match(logits, targets, mask)
-    return {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "correct": correct,
-            "exact": exact.astype(jnp.float32), "sequences": sequences.astype(jnp.float32)}
+    return {
+        "loss_sum": loss_sum,
+        "nll_sum": nll_sum,
+        "tokens": tokens,
+        "correct": correct,
+        "exact": exact.astype(jnp.float32),
+        "sequences": sequences.astype(jnp.float32),
+    }
 
 
 def _microbatches(batch: dict, k: int) -> dict:
@@ -40,20 +47,28 @@ def _microbatches(batch: dict, k: int) -> dict:
     return {name: jnp.reshape(x, (k, x.shape[0] // k) + x.shape[1:]) for name, x in batch.items()}
 
 
-def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
-                    label_smoothing: float = 0.0, grad_accum_steps: int = 1) -> Callable:
+def make_train_step(
+    model,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    label_smoothing: float = 0.0,
+    grad_accum_steps: int = 1,
+) -> Callable:
     """The pure step for ``model`` (built with ``deterministic=False`` for dropout).
 
     ``schedule`` only reports the learning rate; ``tx`` must already contain it.
     Returns ``train_step(state, batch) -> (state, metrics)``, not jitted
     (see :func:`jit_train_step`).
     """
+
     def grad_sums(params, batch, rng):
         def loss_fn(p):
             logits = model.apply(p, batch, rngs={"dropout": rng})
             targets, mask = model.targets_and_mask(batch)
             sums = batch_sums(logits, targets, mask, label_smoothing)
             return sums["loss_sum"], sums
+
         grads, sums = jax.grad(loss_fn, has_aux=True)(params)
         return grads, sums
 
@@ -66,8 +81,10 @@ def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Sch
             grads, sums = grad_sums(params, micro, jax.random.fold_in(rng, index))
             return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
-        zeros = (jax.tree.map(jnp.zeros_like, params),
-                 {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS})
+        zeros = (
+            jax.tree.map(jnp.zeros_like, params),
+            {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS},
+        )
         xs = (jnp.arange(grad_accum_steps), _microbatches(batch, grad_accum_steps))
         return jax.lax.scan(body, zeros, xs)[0]
 
@@ -85,7 +102,8 @@ def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Sch
             step=state.step + 1,
             params=jax.tree.map(keep, params, state.params),
             opt_state=jax.tree.map(keep, opt_state, state.opt_state),
-            window=_update_window(state.window, sums, grad_norm, lr, ok, state.step))
+            window=_update_window(state.window, sums, grad_norm, lr, ok, state.step),
+        )
         return new_state, step_metrics(sums, grad_norm, lr, ok)
 
     return train_step
@@ -108,9 +126,14 @@ def _update_window(window: dict, sums: dict, grad_norm, lr, ok, step) -> dict:
 def step_metrics(sums: dict, grad_norm, lr, ok) -> dict:
     """Means of one step (device scalars; the loop logs the window instead)."""
     tokens = jnp.maximum(sums["tokens"], 1.0)
-    return {"loss": sums["nll_sum"] / tokens, "token_accuracy": sums["correct"] / tokens,
-            "exact_match": sums["exact"] / jnp.maximum(sums["sequences"], 1.0),
-            "grad_norm": grad_norm, "learning_rate": lr, "finite": ok}
+    return {
+        "loss": sums["nll_sum"] / tokens,
+        "token_accuracy": sums["correct"] / tokens,
+        "exact_match": sums["exact"] / jnp.maximum(sums["sequences"], 1.0),
+        "grad_norm": grad_norm,
+        "learning_rate": lr,
+        "finite": ok,
+    }
 
 
 def jit_train_step(train_step: Callable) -> Callable:
@@ -120,23 +143,29 @@ def jit_train_step(train_step: Callable) -> Callable:
 
 def make_eval_step(model) -> Callable:
     """Jitted ``eval_step(params, batch) -> sums`` (teacher forcing, no dropout, no smoothing)."""
+
     def eval_step(params, batch):
         logits = model.apply(params, batch)
         targets, mask = model.targets_and_mask(batch)
         return batch_sums(logits, targets, mask, 0.0)
+
     return jax.jit(eval_step)
 
 
 def window_means(window: dict) -> dict:
     """Host floats of a fetched log window: mean loss, perplexity, accuracies, grad norm, lr."""
     import math
+
     tokens, seqs, steps = (max(float(window[k]), 1.0) for k in ("tokens", "sequences", "steps"))
     nll = float(window["nll_sum"]) / tokens
-    means = {"loss": nll, "perplexity": math.exp(min(nll, 80.0)),
-             "token_accuracy": float(window["correct"]) / tokens,
-             "exact_match": float(window["exact"]) / seqs,
-             "grad_norm": float(window["grad_norm_sum"]) / steps,
-             "learning_rate": float(window["learning_rate"])}
+    means = {
+        "loss": nll,
+        "perplexity": math.exp(min(nll, 80.0)),
+        "token_accuracy": float(window["correct"]) / tokens,
+        "exact_match": float(window["exact"]) / seqs,
+        "grad_norm": float(window["grad_norm_sum"]) / steps,
+        "learning_rate": float(window["learning_rate"]),
+    }
     if float(window["loss_sum"]) != float(window["nll_sum"]):
         means["smoothed_loss"] = float(window["loss_sum"]) / tokens
     return means

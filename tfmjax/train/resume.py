@@ -1,0 +1,53 @@
+"""Resuming into a workdir that already holds a run: which config changes a resume applies.
+
+A rerun compares the config saved in the newest checkpoint with the new one:
+
+* changes of the fields in :data:`RESUMABLE` (how long, how often to log / evaluate / save,
+  where metrics go) are applied and printed: ``resuming step 1500 with train.steps 1500 -> 3000``;
+* any other change is refused in one line that lists it and names the two ways out: a new
+  ``train.workdir``, or ``--override-config`` (``train(..., override_config=True)``), which
+  continues with the new settings and records them in the checkpoints and ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+from tfmjax.checkpoint import CheckpointError
+from tfmjax.config import Experiment, changes
+
+# Fields a resume may change: they decide how long the run goes and what it writes, not what
+# a training step computes (train.steps also stretches a decaying learning-rate schedule).
+RESUMABLE = (
+    "train.steps",
+    "train.log_every",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.tensorboard",
+    "data.eval_examples",
+)
+# Not part of the run's identity: the name comes from the config file, the workdir is where
+# the checkpoint was found.
+IGNORED = ("train.workdir",)
+
+
+def config_changes(saved: dict, now: Experiment) -> tuple[list[str], list[str]]:
+    """``(allowed, refused)``: ``key old -> new`` texts of the changes from ``saved`` to ``now``."""
+    allowed, refused = [], []
+    for key, old, new in changes(saved, now):
+        if key in IGNORED:
+            continue
+        (allowed if key in RESUMABLE else refused).append(f"{key} {old!r} -> {new!r}")
+    return allowed, refused
+
+
+def check_resume(saved: dict, now: Experiment, step: int, *, override: bool) -> list[str]:
+    """The changes to apply and print; raises :class:`CheckpointError` for a refused change
+    unless ``override``. ``saved`` is the config of the checkpoint at ``step``."""
+    allowed, refused = config_changes(saved, now)
+    if refused and not override:
+        raise CheckpointError(
+            f"{now.workdir} holds a run (step {step}) with a different config: "
+            f"{'; '.join(refused)}. Start a new run with train.workdir=NEW_DIR, or continue "
+            "this one with the new settings: --override-config"
+        )
+    return allowed + refused
