@@ -7,9 +7,11 @@ STAMP := $(VENV)/.installed
 .PHONY: install lint format train test test-fast bench clean
 
 $(STAMP): pyproject.toml
+	@echo "creating $(VENV) and installing tfmjax with jax, flax, optax, orbax and the test tools (about a minute the first time)"
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	@echo "installed: $$($(PY) -c 'import jax, flax; print("jax", jax.__version__, "flax", flax.__version__)')"
 	touch $(STAMP)
 
 install: $(STAMP)
