@@ -14,27 +14,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # Layer of each top-level name under tfmjax/ (the package __init__ is ""): config < kernels,
 # layers, data < models < decode, train, ... < entry points, with the order inside a group
 # made explicit (layers use kernels; the training loop uses the evaluator).
-LAYERS = {
-    "": 0,
-    "presets": 0,
-    "config": 1,
-    "kernels": 2,
-    "data": 2,
-    "losses": 2,
-    "layers": 3,
-    "models": 4,
-    "decode": 5,
-    "checkpoint": 5,
-    "evaluator": 6,
-    "train": 7,
-    "interp": 7,
-    "parallel": 7,
-    "hf": 7,
-    "evaluate": 8,
-    "generate": 8,
-    "summary": 8,
-    "explain": 8,
-}
+LAYER_GROUPS = [
+    ("", "presets", "field_help"),
+    ("config",),
+    ("kernels", "data", "losses"),
+    ("layers",),
+    ("models",),
+    ("decode", "checkpoint"),
+    ("evaluator",),
+    ("train", "interp", "parallel", "hf"),
+    ("evaluate", "generate", "summary", "explain"),
+]
+LAYERS = {name: rank for rank, names in enumerate(LAYER_GROUPS) for name in names}
 
 
 def module_files(root: Path) -> dict[str, str]:

@@ -231,7 +231,8 @@ def test_eval_reports_the_step_it_loaded_when_the_newest_is_corrupt(trained, tmp
     for i in range(len(data) // 4, len(data), max(len(data) // 64, 1)):
         data[i] ^= 0xFF
     biggest.write_bytes(bytes(data))
-    (workdir / "eval.json").unlink(missing_ok=True)
+    (workdir / "eval.json").unlink(missing_ok=True)  # reports of earlier tests
+    shutil.rmtree(workdir / "eval", ignore_errors=True)
     proc = _eval_cli(workdir, "--num-examples", 2)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((workdir / "eval" / "step_2.json").read_text())["step"] == 2
