@@ -40,14 +40,26 @@ def module_files(root: Path) -> dict[str, str]:
 
 
 def imports_of(name: str, source: str, modules: set[str]) -> list[tuple[int, str]]:
-    """``(line, module)`` for every tfmjax module ``name`` imports, at any depth of the file."""
+    """``(line, module)`` for every tfmjax module ``name`` imports, at any depth of the file.
+
+    Besides import statements, any string constant that is exactly a module's name counts (a
+    lazy ``importlib.import_module(table[name])`` over a table of names), except the name
+    given to ``logging.getLogger``.
+    """
     found = []
+    tree = ast.parse(source)
+    logger_names = {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "getLogger"
+        for arg in node.args
+    }
     package = (
         name
         if name in modules and any(m.startswith(name + ".") for m in modules)
         else name.rpartition(".")[0]
     )
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -62,12 +74,11 @@ def imports_of(name: str, source: str, modules: set[str]) -> list[tuple[int, str
                 f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
             ]
         elif (
-            isinstance(node, ast.Call)
-            and getattr(node.func, "attr", None) == "import_module"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
+            isinstance(node, ast.Constant)
+            and node.value in modules
+            and id(node) not in logger_names
         ):
-            targets = [node.args[0].value]
+            targets = [node.value]
         for target in targets:
             while target and target not in modules and "." in target:
                 target = target.rpartition(".")[0]

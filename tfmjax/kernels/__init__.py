@@ -32,6 +32,8 @@ import math
 
 import jax
 
+from tfmjax.kernels.platforms import LOWERING_PLATFORMS, PALLAS_FLAVOUR
+
 IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
 
 # Module holding each implementation's ``attention`` function (imported lazily).
@@ -42,11 +44,6 @@ _MODULES = {
     "pallas": "tfmjax.kernels.pallas_attention",
 }
 
-# The platforms a computation can be lowered for (``jax.lax.platform_dependent`` names), and
-# the Pallas kernel flavour built for each: Triton on cuda and rocm, Mosaic on tpu, the
-# interpreter on cpu. No other platform has a Pallas backend.
-PALLAS_FLAVOUR = {"cpu": "cpu", "cuda": "cuda", "rocm": "cuda", "tpu": "tpu"}
-LOWERING_PLATFORMS = tuple(PALLAS_FLAVOUR)
 
 # Length from which "auto" prefers the blockwise path on CPU: both T and S must reach it.
 # Measured on a 2-core CPU (N=8, H=64, causal fp32, xla vs blockwise, interleaved medians;

@@ -73,7 +73,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tfmjax.kernels import PALLAS_FLAVOUR
 from tfmjax.kernels.pallas_kernels import (
     GPU_PLATFORMS,
     KernelStatic,
@@ -82,6 +81,7 @@ from tfmjax.kernels.pallas_kernels import (
     fwd_kernel,
     pow2,
 )
+from tfmjax.kernels.platforms import PALLAS_FLAVOUR
 
 
 @dataclasses.dataclass(frozen=True)
