@@ -1,0 +1,300 @@
+"""Every attention implementation against an independent NumPy oracle (``tests/oracle.py``).
+
+The other kernel tests compare the implementations with ``impl="reference"``, and every
+implementation builds its masks with the same ``tfmjax.kernels.masks``: a wrong mask rule
+there is invisible to them. The oracle writes the rules out again from the formulas (causal,
+``q_offset``, window, segment ids, ALiBi, dense bias, GQA, empty rows), so these tests
+catch it. Values: fp32 against the float64 oracle at rtol = atol = 1e-5. Gradients: ``jax.vjp``
+of the implementation against central finite differences of the oracle (float64) on tiny
+shapes, atol 1e-4.
+
+Blockwise and pallas (interpret mode on CPU) run with blocks of 2 and 4 so that the 5..8
+long sequences span several query and key blocks: ragged edges, block skipping (causal,
+window) and masked-vs-unmasked blocks all take part.
+"""
+
+import importlib.util
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfmjax import kernels
+from tfmjax.kernels import blockwise, pallas_attention
+
+_spec = importlib.util.spec_from_file_location(
+    "tfmjax_tests_oracle", pathlib.Path(__file__).resolve().parents[1] / "oracle.py"
+)
+oracle = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(oracle)
+
+RTOL = ATOL = 1e-5  # fp32 values against the float64 oracle
+GRAD_ATOL = 1e-4  # fp32 gradients against float64 central differences
+FD_EPS = 1e-5
+
+IMPLS = ("reference", "xla", "blockwise", "pallas")
+SLOPES = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)  # ALiBi slopes for N=4
+
+_BLOCKWISE_SMALL = blockwise.BlockSizes(
+    block_q=4, block_k=4, block_q_bwd=2, block_k_bwd=4, kv_heads_per_step=1
+)
+_PALLAS_SMALL = pallas_attention.BlockSizes(4, 4, 2, 4, 4, 2)
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Blocks of 2 and 4 for blockwise and pallas when called through the entry point."""
+    monkeypatch.setattr(blockwise, "BlockSizes", lambda: _BLOCKWISE_SMALL)
+    monkeypatch.setattr(
+        pallas_attention.BlockSizes,
+        "for_platform",
+        classmethod(lambda cls, platform: _PALLAS_SMALL),
+    )
+
+
+def seg(rows):
+    """``[B, L]`` int32 segment ids from one list per row."""
+    return np.array(rows, np.int32)
+
+
+# name: (T, S, K, options). B=2, N=4, H=4 throughout.
+CASES = {
+    "plain_mha": (5, 8, 4, {}),
+    "plain_t_gt_s_mqa": (8, 5, 1, {}),
+    "causal_gqa2": (8, 8, 2, dict(causal=True)),
+    "causal_ragged_mqa": (5, 5, 1, dict(causal=True)),
+    "causal_t_lt_s": (5, 8, 4, dict(causal=True)),
+    "decode_t1_end": (1, 8, 2, dict(causal=True, q_offset=7)),
+    "decode_t1_middle": (1, 8, 4, dict(causal=True, q_offset=4)),
+    "decode_t3_end": (3, 8, 2, dict(causal=True, q_offset=5)),
+    "decode_t3_middle": (3, 8, 1, dict(causal=True, q_offset=2)),
+    "window0": (8, 8, 2, dict(window=0)),
+    "window1": (8, 8, 2, dict(window=1)),
+    "window2_t_lt_s": (5, 8, 4, dict(window=2)),
+    "causal_window0": (8, 8, 1, dict(causal=True, window=0)),
+    "causal_window1": (8, 8, 2, dict(causal=True, window=1)),
+    "causal_window2": (5, 8, 4, dict(causal=True, window=2)),
+    "decode_t3_window2": (3, 8, 2, dict(causal=True, window=2, q_offset=4)),
+    "window1_q_offset_bidirectional": (3, 8, 4, dict(window=1, q_offset=3)),
+    # Queries at 6..8, window 0: the one at 8 has no key 8, so its row is empty (zeros).
+    "decode_empty_row": (3, 8, 2, dict(causal=True, window=0, q_offset=6)),
+    "segments_padding": (
+        5,
+        8,
+        2,
+        dict(
+            q_segment_ids=seg([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]),
+            kv_segment_ids=seg([[1, 1, 1, 1, 1, 1, 0, 0], [1] * 8]),
+        ),
+    ),
+    "segments_packing_causal": (
+        8,
+        8,
+        1,
+        dict(
+            causal=True,
+            q_segment_ids=seg([[1, 1, 1, 2, 2, 2, 2, 3], [4, 4, 4, 4, 4, 5, 5, 0]]),
+            kv_segment_ids=seg([[1, 1, 1, 2, 2, 2, 2, 3], [4, 4, 4, 4, 4, 5, 5, 0]]),
+        ),
+    ),
+    # Query segment 3 has no key at all: an empty row.
+    "segments_cross_empty_row": (
+        5,
+        8,
+        4,
+        dict(
+            q_segment_ids=seg([[1, 2, 3, 1, 2], [0, 7, 7, 7, 0]]),
+            kv_segment_ids=seg([[0, 1, 1, 2, 2, 1, 0, 0], [7, 0, 0, 7, 7, 7, 7, 7]]),
+        ),
+    ),
+    "alibi": (5, 8, 4, dict(alibi_slopes=SLOPES)),
+    "alibi_causal_gqa2": (8, 8, 2, dict(causal=True, alibi_slopes=SLOPES)),
+    "alibi_decode_t3": (3, 8, 1, dict(causal=True, alibi_slopes=SLOPES, q_offset=5)),
+    "everything": (
+        8,
+        8,
+        2,
+        dict(
+            causal=True,
+            window=2,
+            alibi_slopes=SLOPES,
+            q_segment_ids=seg([[1, 1, 1, 1, 1, 2, 2, 2], [3, 3, 3, 3, 3, 3, 0, 0]]),
+            kv_segment_ids=seg([[1, 1, 1, 1, 1, 2, 2, 2], [3, 3, 3, 3, 3, 3, 0, 0]]),
+            scale=0.3,
+        ),
+    ),
+}
+
+# The reference runs every case; the other paths a subset by default (each case is a fresh
+# compile, ~1 s for blockwise and pallas-interpret on a busy 2-core CPU), the rest are slow.
+QUICK = {
+    "xla": {
+        "plain_t_gt_s_mqa",
+        "causal_gqa2",
+        "causal_ragged_mqa",
+        "decode_t1_middle",
+        "decode_t3_end",
+        "window0",
+        "causal_window1",
+        "window2_t_lt_s",
+        "decode_t3_window2",
+        "window1_q_offset_bidirectional",
+        "decode_empty_row",
+        "segments_padding",
+        "segments_packing_causal",
+        "everything",
+    },
+    "pallas": {
+        "causal_gqa2",
+        "causal_ragged_mqa",
+        "decode_t3_middle",
+        "window1",
+        "causal_window2",
+        "decode_empty_row",
+        "segments_cross_empty_row",
+        "everything",
+    },
+}
+QUICK["reference"] = set(CASES)
+QUICK["blockwise"] = QUICK["xla"]
+
+
+def inputs(B, T, S, N, K, H, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return (
+        rng.standard_normal((B, T, N, H)).astype(dtype),
+        rng.standard_normal((B, S, K, H)).astype(dtype),
+        rng.standard_normal((B, S, K, H)).astype(dtype),
+    )
+
+
+def jax_kwargs(options):
+    return {
+        name: (jnp.asarray(value) if isinstance(value, np.ndarray) else value)
+        for name, value in options.items()
+    }
+
+
+def value_params():
+    for impl in IMPLS:
+        for name in CASES:
+            marks = ()
+            if name not in QUICK[impl]:
+                marks = (pytest.mark.slow,)
+            yield pytest.param(impl, name, id=f"{impl}-{name}", marks=marks)
+
+
+@pytest.mark.parametrize("impl, name", list(value_params()))
+def test_values_match_oracle(impl, name):
+    T, S, K, options = CASES[name]
+    q, k, v = inputs(2, T, S, 4, K, 4, seed=len(name))
+    want = oracle.oracle_attention(q, k, v, **options)
+    got = jax.jit(lambda q, k, v: kernels.attention(q, k, v, impl=impl, **jax_kwargs(options)))(
+        q, k, v
+    )
+    assert got.shape == want.shape and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=ATOL)
+
+
+def test_oracle_empty_rows_are_zero():
+    """The cases meant to have empty rows do have them (else they test nothing)."""
+    for name in ("decode_empty_row", "segments_cross_empty_row"):
+        T, S, K, options = CASES[name]
+        out = oracle.oracle_attention(*inputs(2, T, S, 4, K, 4), **options)
+        assert np.any(np.all(out == 0, axis=(2, 3))), name
+
+
+BIAS_SHAPES = {
+    "full": (2, 4),
+    "batch_broadcast": (1, 4),
+    "head_broadcast": (2, 1),
+}
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+@pytest.mark.parametrize("bias_shape", list(BIAS_SHAPES), ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_dense_bias_matches_oracle(impl, bias_shape, causal):
+    T, S, K = 5, 8, 2
+    q, k, v = inputs(2, T, S, 4, K, 4, seed=3)
+    bias = np.random.default_rng(4).standard_normal(BIAS_SHAPES[bias_shape] + (T, S))
+    bias = bias.astype(np.float32)
+    options = dict(causal=causal, bias=bias, alibi_slopes=SLOPES, window=3)
+    want = oracle.oracle_attention(q, k, v, **options)
+    got = kernels.attention(q, k, v, impl=impl, **jax_kwargs(options))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=ATOL)
+
+
+# Gradients: name: (T, S, N, K, options), B=1, H=2.
+GRAD_CASES = {
+    "causal_gqa2": (4, 4, 2, 1, dict(causal=True)),
+    "window1_alibi": (4, 4, 2, 2, dict(window=1, alibi_slopes=SLOPES[:2])),
+    "decode_causal_window1": (3, 4, 2, 1, dict(causal=True, window=1, q_offset=1)),
+    "segments_packing_causal_empty_row": (
+        4,
+        4,
+        2,
+        2,
+        dict(
+            causal=True,
+            q_segment_ids=seg([[1, 1, 2, 0]]),
+            kv_segment_ids=seg([[1, 1, 2, 2]]),
+        ),
+    ),
+}
+GRAD_IMPLS = ("xla", "blockwise", "pallas")
+
+
+def finite_difference_grads(f, arrays, eps=FD_EPS):
+    """Central differences of the scalar ``f(*arrays)`` w.r.t. every element of each array."""
+    grads = []
+    for i, x in enumerate(arrays):
+        g = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            plus = [a.copy() for a in arrays]
+            minus = [a.copy() for a in arrays]
+            plus[i][idx] += eps
+            minus[i][idx] -= eps
+            g[idx] = (f(*plus) - f(*minus)) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+@pytest.mark.parametrize("impl", GRAD_IMPLS)
+@pytest.mark.parametrize("name", list(GRAD_CASES))
+def test_grads_match_oracle_finite_differences(impl, name):
+    T, S, N, K, options = GRAD_CASES[name]
+    q, k, v = inputs(1, T, S, N, K, 2, seed=7, dtype=np.float64)
+    d_out = np.random.default_rng(8).standard_normal((1, T, N, 2))
+
+    def oracle_loss(q, k, v):
+        return float(np.sum(oracle.oracle_attention(q, k, v, **options) * d_out))
+
+    want = finite_difference_grads(oracle_loss, [q, k, v])
+    kw = jax_kwargs(options)
+    d_out32 = jnp.asarray(d_out, jnp.float32)
+    loss = lambda q, k, v: jnp.sum(kernels.attention(q, k, v, impl=impl, **kw) * d_out32)
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(
+        *(jnp.asarray(x, jnp.float32) for x in (q, k, v))
+    )
+    for label, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=0, atol=GRAD_ATOL, err_msg=label)
+
+
+def test_small_blocks_are_in_use():
+    """The fixture really shrinks the blocks the entry point uses (so several blocks run)."""
+    assert blockwise.BlockSizes() is _BLOCKWISE_SMALL
+    assert pallas_attention.BlockSizes.for_platform("cpu") is _PALLAS_SMALL
+
+
+def test_oracle_mask_rules_by_hand():
+    """The oracle's visibility rule on a few hand-checked pairs."""
+    vis = oracle.oracle_visible
+    assert vis(3, 3, causal=True, window=0) and not vis(3, 4, causal=True, window=None)
+    assert vis(3, 1, causal=True, window=2) and not vis(3, 0, causal=True, window=2)
+    assert vis(3, 5, causal=False, window=2) and not vis(3, 6, causal=False, window=2)
+    assert not vis(0, 0, causal=False, window=None, q_seg=0, kv_seg=0)
+    assert not vis(0, 0, causal=False, window=None, q_seg=1, kv_seg=2)
+    assert vis(0, 0, causal=False, window=None, q_seg=2, kv_seg=2)

@@ -1,0 +1,160 @@
+"""An independent NumPy oracle for attention and positional encodings, written from the
+formulas alone: nothing here imports ``tfmjax.kernels`` or ``tfmjax.layers``, so a rule
+changed in the library (e.g. in ``masks.allowed``, which every attention path shares) shows
+up as a disagreement instead of being copied into the expected values.
+
+Conventions (those of ``tfmjax.kernels.attention``):
+
+* ``q [B,T,N,H]``, ``k, v [B,S,K,H]``; query head ``n`` uses key/value head ``n // (N/K)``.
+* Query ``t`` sits at absolute position ``p = q_offset + t``, key ``s`` at position ``s``.
+* A key is visible when every rule that is switched on holds: causal ``s <= p``; window
+  ``w``: ``|p - s| <= w``; segment ids: ``q_seg[t] == kv_seg[s] != 0`` (0 = padding).
+* Scores ``scale * <q, k>`` (``scale`` defaults to ``1/sqrt(H)``), plus ALiBi
+  ``-slope_n * |p - s|``, plus a dense ``bias [B|1, N|1, T, S]``; softmax over the visible
+  keys; a query that sees no key returns zeros.
+
+Everything is computed in float64 with explicit loops over rows, so the oracle is slow but
+obviously right; keep its inputs tiny.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def oracle_visible(p: int, s: int, *, causal, window, q_seg=None, kv_seg=None) -> bool:
+    """Whether the query at absolute position ``p`` (segment ``q_seg``) sees key ``s``."""
+    if causal and s > p:
+        return False
+    if window is not None and abs(p - s) > window:
+        return False
+    if q_seg is not None and (q_seg == 0 or q_seg != kv_seg):
+        return False
+    return True
+
+
+def oracle_attention(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    window=None,
+    alibi_slopes=None,
+    bias=None,
+    q_offset=0,
+    scale=None,
+):
+    """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` float64 (see the module docstring)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    assert N % K == 0, (N, K)
+    group = N // K
+    if scale is None:
+        scale = 1.0 / math.sqrt(H)
+    q_seg = None if q_segment_ids is None else np.asarray(q_segment_ids)
+    kv_seg = None if kv_segment_ids is None else np.asarray(kv_segment_ids)
+    slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, np.float64)
+    dense = None if bias is None else np.asarray(bias, np.float64)
+    out = np.zeros((B, T, N, H), np.float64)
+    for b in range(B):
+        for n in range(N):
+            kv_head = n // group
+            for t in range(T):
+                p = q_offset + t
+                keys, scores = [], []
+                for s in range(S):
+                    if not oracle_visible(
+                        p,
+                        s,
+                        causal=causal,
+                        window=window,
+                        q_seg=None if q_seg is None else q_seg[b, t],
+                        kv_seg=None if kv_seg is None else kv_seg[b, s],
+                    ):
+                        continue
+                    score = scale * float(np.dot(q[b, t, n], k[b, s, kv_head]))
+                    if slopes is not None:
+                        score -= slopes[n] * abs(p - s)
+                    if dense is not None:
+                        score += dense[b % dense.shape[0], n % dense.shape[1], t, s]
+                    keys.append(s)
+                    scores.append(score)
+                if not keys:
+                    continue  # sees nothing: zeros
+                scores = np.array(scores)
+                weights = np.exp(scores - scores.max())
+                weights /= weights.sum()
+                out[b, t, n] = weights @ v[b, keys, kv_head]
+    return out
+
+
+def oracle_t5_bucket(relative_position, bidirectional: bool, num_buckets: int, max_distance: int):
+    """T5's relative position bucket (Raffel et al. 2020; Mesh-TensorFlow
+    ``_relative_position_bucket``) of ``relative_position = key_pos - query_pos``.
+
+    With ``bidirectional`` the buckets are split in halves, the upper half for keys after
+    the query; otherwise keys after the query all share bucket 0. Within a half of ``nb``
+    buckets, distances ``d < nb/2`` get their own bucket ``d``; larger ones get
+    ``nb/2 + floor(log(d / (nb/2)) / log(max_distance / (nb/2)) * (nb - nb/2))``, capped
+    at ``nb - 1``. Works elementwise on an int array (or a Python int).
+    """
+    rel = np.asarray(relative_position)
+    out = np.zeros(rel.shape, np.int64)
+    for idx in np.ndindex(rel.shape):
+        distance = -int(rel[idx])  # > 0: the key lies before the query
+        nb, offset = num_buckets, 0
+        if bidirectional:
+            nb //= 2
+            if distance < 0:
+                offset = nb
+            distance = abs(distance)
+        else:
+            distance = max(distance, 0)
+        max_exact = nb // 2
+        if distance < max_exact:
+            bucket = distance
+        else:
+            frac = math.log(distance / max_exact) / math.log(max_distance / max_exact)
+            bucket = min(max_exact + int(math.floor(frac * (nb - max_exact))), nb - 1)
+        out[idx] = offset + bucket
+    return out
+
+
+def oracle_sinusoidal(positions, D: int, base: float = 10000.0):
+    """Vaswani et al. 2017: ``PE[pos, 2i] = sin(pos / base^(2i/D))``,
+    ``PE[pos, 2i+1] = cos(pos / base^(2i/D))``. ``positions [...]`` -> ``[..., D]`` float64
+    (an odd last channel is left zero)."""
+    positions = np.asarray(positions)
+    out = np.zeros(positions.shape + (D,), np.float64)
+    for idx in np.ndindex(positions.shape):
+        pos = float(positions[idx])
+        for i in range(D // 2):
+            angle = pos / base ** (2.0 * i / D)
+            out[idx + (2 * i,)] = math.sin(angle)
+            out[idx + (2 * i + 1,)] = math.cos(angle)
+    return out
+
+
+def oracle_rope(x, positions, base: float = 10000.0):
+    """RoPE (Su et al. 2021) on interleaved pairs ``(x[2i], x[2i+1])``, rotated by the angle
+    ``pos * base^(-2i/H)``. ``x [B,T,N,H]``, ``positions [B,T]`` -> float64 ``[B,T,N,H]``."""
+    x = np.asarray(x, np.float64)
+    positions = np.asarray(positions)
+    B, T, N, H = x.shape
+    out = np.zeros_like(x)
+    for b in range(B):
+        for t in range(T):
+            pos = float(positions[b, t])
+            for i in range(H // 2):
+                angle = pos * base ** (-2.0 * i / H)
+                c, s = math.cos(angle), math.sin(angle)
+                x0, x1 = x[b, t, :, 2 * i], x[b, t, :, 2 * i + 1]
+                out[b, t, :, 2 * i] = c * x0 - s * x1
+                out[b, t, :, 2 * i + 1] = s * x0 + c * x1
+    return out
