@@ -5,16 +5,69 @@ Answers are decoded with the KV-cached ``tfmjax.decode.generate``: ``--decode gr
 ``--top-k`` or ``--top-p``; ``--seed``). The config is read from the checkpoint. Prints a
 table and writes ``eval/step_N.json`` into the workdir (and ``eval.json``, the report of the
 newest step evaluated). Exit 2 (one line on stderr) for a missing or
-incompatible checkpoint.
+incompatible checkpoint. Ctrl-C / SIGTERM: one line, exit 130 / 143 (no report is ever
+half-written).
 """
 
 import argparse
+import os
+import signal
 import sys
+import threading
 
-from tfmjax.decode.options import add_decode_arguments, strategy_from_args
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Interrupts:
+    """Ctrl-C / SIGTERM, from the first line on: one line and exit 130 / 143 at once.
+
+    Exits from the handler (``os._exit``) instead of raising KeyboardInterrupt inside jax,
+    which can crash the interpreter during a compile; nothing is written before the report,
+    and the report is written with the signals held back (:meth:`held`).
+    """
+
+    def __init__(self):
+        self.holding, self.pending, self.written = False, None, False
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        if self.holding:
+            self.pending = self.pending or signum
+            return
+        done = "the report was written" if self.written else "no report written"
+        os.write(2, f"{signal.Signals(signum).name}: interrupted; {done}\n".encode())
+        os._exit(128 + signum)
+
+    def held(self, write, *args):
+        """``write(*args)`` with the signals held back; a signal that came exits after it."""
+        self.holding = True
+        try:
+            result = write(*args)
+            self.written = True
+            return result
+        finally:
+            self.holding = False
+            if self.pending:
+                self._handle(self.pending, None)
 
 
 def main(argv=None) -> int:
+    with _Interrupts() as interrupts:
+        return _main(argv, interrupts)
+
+
+def _main(argv, interrupts: _Interrupts) -> int:
+    from tfmjax.decode.options import add_decode_arguments, strategy_from_args
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a workdir (runs/NAME), its checkpoints/ dir or one step dir")
     parser.add_argument("--split", default="eval", choices=("eval", "length"))
@@ -55,7 +108,7 @@ def main(argv=None) -> int:
     except (CheckpointError, ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    written = write_report(report, args.out)
+    written = interrupts.held(write_report, report, args.out)
     print(format_report(report))
     print(f"wrote {', '.join(map(str, written))}")
     return 0

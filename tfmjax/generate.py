@@ -9,7 +9,10 @@ the params; the task's vocabulary turns text into ids and back. ``--input`` may 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 import jax
@@ -109,7 +112,26 @@ def load(workdir: str):
     return experiment, params
 
 
+def _interrupted(signum, frame):
+    """Ctrl-C / SIGTERM: one line, exit 130 / 143 at once (nothing is written; raising
+    KeyboardInterrupt inside a jax compile can crash the interpreter)."""
+    os.write(2, f"{signal.Signals(signum).name}: interrupted\n".encode())
+    os._exit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    signals = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = {sig: signal.signal(sig, _interrupted) for sig in signals}
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         print(f"error: --max-new-tokens={args.max_new_tokens} must be >= 1", file=sys.stderr)

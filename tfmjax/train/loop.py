@@ -9,8 +9,11 @@ Exact resume: batch ``s`` is ``make_batch(seed, step=s)`` and its dropout key is
 cut back to the resumed step. So a run stopped anywhere and resumed ends with the same
 params (bit for bit) and the same records (apart from their ``timing``) as a straight run.
 
-SIGTERM / Ctrl-C: the current step finishes, the state is saved, the save is waited for,
-and ``train`` returns with ``stopped=True`` (a second Ctrl-C interrupts at once).
+SIGTERM / Ctrl-C (:class:`StopSignals`): the current step finishes, the state is saved, the
+save is waited for, and ``train`` returns with ``stopped=True``; a signal that came before
+the first step (while building or restoring; ``train.py`` catches them from its start)
+raises :class:`Interrupted` instead, nothing saved. A second Ctrl-C interrupts at once
+(``train.py``: exits 130).
 A non-finite loss raises :class:`NonFiniteLossError` without saving anything more.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import threading
 import time
@@ -165,27 +169,120 @@ def _build_run(experiment: Experiment) -> Run:
     return run
 
 
-class StopSignals:
-    """Turn SIGTERM and the first Ctrl-C into a flag the loop checks after every step."""
+class Interrupted(Exception):
+    """SIGINT/SIGTERM came before the first step of this process finished: nothing saved.
 
-    def __init__(self):
+    ``exit_code``: 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
+    """
+
+    def __init__(self, signame: str, start: int = 0):
+        kept = f" (checkpoint step {start} is kept)" if start else ""
+        super().__init__(f"{signame}: interrupted before the first step: nothing saved{kept}")
+        self.signame = signame
+        self.exit_code = 128 + signal.Signals[signame].value
+
+
+_EXITING = threading.Lock()
+
+
+def _exit_now() -> None:
+    """A second Ctrl-C: one line and exit 130 at once, from the handler or a thread.
+
+    No cleanup runs: a checkpoint being written stays an orbax tmp dir, which the next
+    run removes (saves are atomic, so the newest finished step is intact).
+    """
+    if not _EXITING.acquire(blocking=False):
+        return  # the handler and the watcher both saw it: the other one exits
+    try:
+        os.write(2, b"second Ctrl-C: exiting now; the last saved checkpoint is intact\n")
+    finally:
+        os._exit(130)
+
+
+class StopSignals:
+    """SIGTERM and the first Ctrl-C set a flag (``requested``) that is checked at safe
+    points: before the first step (:class:`Interrupted`) and after every step (save, stop).
+
+    The handler only sets the flag, so it never raises inside XLA (compiling) or Orbax
+    (saving). A second Ctrl-C raises KeyboardInterrupt (a library call, e.g. in a notebook)
+    or, with ``exit_on_second`` (``train.py``), exits 130 at once: in the handler, or, while
+    the main thread is inside a long C++ call (an XLA compile) where Python handlers wait,
+    from a thread that reads the signal wakeup fd, armed by the first signal. Nested
+    (``train.py`` enters one before building the run, ``train`` its own), the inner one
+    shares the outer one's flag.
+    """
+
+    _active: StopSignals | None = None
+
+    def __init__(self, *, exit_on_second: bool = False):
         self.requested: str | None = None
+        self.exit_on_second = exit_on_second
         self._previous = {}
+        self._outer: StopSignals | None = None
+        self._wakeup: tuple[int, int] | None = None  # (write fd, previous wakeup fd)
 
     def __enter__(self):
+        if StopSignals._active is not None:
+            self._outer = StopSignals._active
+            return self._outer
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
+            StopSignals._active = self
         return self
 
+    def take(self, signame: str | None) -> None:
+        """Adopt a signal caught before this was installed (by ``train.py``'s first handler)."""
+        if signame and not self.requested:
+            self.requested = signame
+            self._arm()
+
     def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
-        self.requested = signal.Signals(signum).name
+        if self.requested and signum == signal.SIGINT:  # a second Ctrl-C
+            if not self.exit_on_second:
+                raise KeyboardInterrupt
+            _exit_now()
+        if not self.requested:
+            self.requested = signal.Signals(signum).name
+            self._arm()
+
+    def _arm(self) -> None:
+        """From now on any Ctrl-C exits at once, even while a C++ call holds the main thread."""
+        if not self.exit_on_second or self._wakeup is not None or not self._previous:
+            return
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        try:
+            previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread
+            os.close(read)
+            os.close(write)
+            return
+        self._wakeup = (write, previous)
+        threading.Thread(target=_watch, args=(read,), name="second-ctrl-c", daemon=True).start()
 
     def __exit__(self, *exc):
+        if self._outer is not None:
+            self._outer = None
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous = {}
+        if StopSignals._active is self:
+            StopSignals._active = None
+        if self._wakeup is not None:
+            write, previous = self._wakeup
+            signal.set_wakeup_fd(previous)
+            os.close(write)  # the watcher reads EOF and ends
+            self._wakeup = None
+
+
+def _watch(read: int) -> None:
+    """The armed watcher: the C-level handler writes each signal's number to the wakeup fd."""
+    with os.fdopen(read, "rb", buffering=0) as pipe:
+        while data := pipe.read(64):
+            if signal.SIGINT.value in data:
+                _exit_now()
 
 
 def _check_finite(state, last_saved: int | None) -> None:
@@ -279,6 +376,8 @@ class _Loop:
         return state
 
     def run_steps(self, state, start: int, stop: StopSignals):
+        if stop.requested:  # came while building, restoring or initializing: nothing to save
+            raise Interrupted(stop.requested, start)
         t = self.run.experiment.train
         if start >= t.steps:
             self.console.print(
@@ -303,7 +402,10 @@ class _Loop:
             if stop.requested:
                 if self.last_saved != done:
                     self.save(state, done, None)
-                self.console.print(f"{stop.requested}: saved step {done}; stopping")
+                self.console.print(
+                    f"{stop.requested}: saved step {done}; stopping; "
+                    "rerun the same command to resume"
+                )
                 return state, done, True
         return state, t.steps, False
 

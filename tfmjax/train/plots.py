@@ -7,6 +7,7 @@ loop does the same at its end).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -34,17 +35,21 @@ def _panel(ax, records, title: str, lines: list[tuple[str, str, str]], log_y: bo
         ax.legend(fontsize="small")
 
 
-def plot_metrics(workdir: str | Path, out: str | Path | None = None) -> Path:
-    """Draw ``workdir/metrics.jsonl`` into ``out`` (default ``workdir/metrics.png``)."""
+def plot_metrics(workdir: str | Path, out: str | Path | None = None) -> Path | None:
+    """Draw ``workdir/metrics.jsonl`` into ``out`` (default ``workdir/metrics.png``).
+
+    Returns the file written, or None (nothing drawn) while there is no train or eval record
+    yet, e.g. a run stopped before its first log step.
+    """
+    workdir = Path(workdir)
+    records = read_records(workdir / METRICS_FILE)
+    if not any(r.get("split") in ("train", "eval") for r in records):
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workdir = Path(workdir)
-    records = read_records(workdir / METRICS_FILE)
-    if not records:
-        raise FileNotFoundError(f"no metrics in {workdir / METRICS_FILE}")
     fig, (loss, acc, lr) = plt.subplots(1, 3, figsize=(15, 4))
     _panel(
         loss,
@@ -67,8 +72,10 @@ def plot_metrics(workdir: str | Path, out: str | Path | None = None) -> Path:
     _panel(lr, records, "learning rate", [("train", "learning_rate", "lr")])
     fig.tight_layout()
     out = Path(out) if out is not None else workdir / PLOT_FILE
-    fig.savefig(out, dpi=100)
+    tmp = out.with_name(f".{out.name}.tmp")  # atomic: a kill never leaves half a PNG
+    fig.savefig(tmp, dpi=100, format=out.suffix[1:] or None)
     plt.close(fig)
+    os.replace(tmp, out)
     return out
 
 
@@ -78,11 +85,11 @@ def main(argv=None) -> int:
     )
     parser.add_argument("workdir", help="a training workdir holding metrics.jsonl")
     args = parser.parse_args(argv)
-    try:
-        print(plot_metrics(args.workdir))
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
+    written = plot_metrics(args.workdir)
+    if written is None:
+        print(f"error: no metrics in {Path(args.workdir) / METRICS_FILE}", file=sys.stderr)
         return 2
+    print(written)
     return 0
 
 
