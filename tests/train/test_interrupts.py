@@ -45,7 +45,6 @@ OVERRIDES = {
     "train": {"steps": STEPS, "log_every": 5, "eval_every": 20, "checkpoint_every": 20},
 }
 # the orbax chatter of a save, fixed elsewhere; not an error line of ours
-KNOWN_NOISE = re.compile(r"^WARNING:absl:Requested `tracked_metric`")
 HEADER = re.compile(r"^experiment ")
 HANG_S = 150  # only against hangs: every moment is an event or a short offset
 # chains run at once (the two signals: independent workdirs)
@@ -245,7 +244,7 @@ def _check(res: Result, moment: Moment, sig: signal.Signals) -> None:
     for word in ("Traceback", "Segmentation", "Fatal Python error", "core dumped"):
         if word in err_text or word in res.out:
             bad.append(f"{word!r} in the output")
-    lines = [line for line in res.err if line.strip() and not KNOWN_NOISE.search(line)]
+    lines = [line for line in res.err if line.strip()]
     if len(lines) > 2:
         bad.append(f"{len(lines)} lines on stderr")
     new = res.saved_after is not None and res.saved_after != res.saved_before
@@ -324,7 +323,7 @@ def _chain(tmp_path: Path, sig: signal.Signals, moments: list[Moment]) -> list[R
 def _line(r: Result) -> str:
     """What the user reads last: stdout's stop or done line on exit 0, else stderr's line."""
     last = re.findall(r"^(?:SIG\w+: saved step|done: step) .*$", r.out, re.M)
-    err = [line for line in r.err if line.strip() and not KNOWN_NOISE.search(line)]
+    err = [line for line in r.err if line.strip()]
     return (last[-1] if last and r.code == 0 else "") or (err[0] if err else "")
 
 

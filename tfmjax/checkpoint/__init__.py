@@ -1,8 +1,9 @@
 """Orbax checkpoints that never lose the latest good state.
 
 Files: ``hashing`` (integrity), ``errors``, ``signals`` (held back around Orbax calls),
-``store`` (the directory and verified reads), ``manager`` (:class:`Checkpointer`, the
-train-state manager), ``inference`` (config and params for evaluation and generation).
+``orbax_log`` (Orbax's log records to a file), ``store`` (the directory and verified reads),
+``manager`` (:class:`Checkpointer`, the train-state manager), ``inference`` (config and
+params for evaluation and generation).
 
 Layout (``Checkpointer(workdir)``)::
 
@@ -13,6 +14,8 @@ Layout (``Checkpointer(workdir)``)::
                               metrics/     the metrics (orbax writes it when ``best_metric`` is set)
     workdir/checkpoints/<step>.orbax-checkpoint-tmp/   a save in progress (never listed as a step)
     workdir/checkpoints/<step>.corrupt/                a step that failed verification, moved aside
+    workdir/checkpoints.log     Orbax's own log records and tracebacks while a Checkpointer is
+                                open (created on the first one; none in a normal run)
 
 Guarantees:
 
@@ -24,6 +27,14 @@ Guarantees:
 * **Verified restores.** Orbax restores flipped bytes silently, so every restore re-hashes the
   arrays (:func:`params_hash`) and compares with the hash saved next to them. A corrupt,
   partial or unreadable step is reported in one log line and the previous step is used.
+* **Failed saves cost nothing saved before.** A save that fails (disk full, permission
+  denied, read-only disk, directory removed) raises one :class:`CheckpointError` line naming
+  that step, the directory, the cause and what to do, e.g. ``saving checkpoint step 60 to
+  /x/checkpoints failed: no space left on device: free space there or set train.workdir to a
+  larger disk (orbax log: /x/checkpoints.log)``. Saves are asynchronous, so a failure in the
+  background is raised by the next ``save``/``wait``/``close``, still naming its own step.
+  The half-written ``<step>.orbax-checkpoint-tmp`` is removed; Orbax's tracebacks go to
+  ``checkpoints.log``, not to the terminal.
 * **Readable errors.** A different model config or a state of another shape raises
   :class:`CheckpointError` naming the fields, never a pytree traceback.
 

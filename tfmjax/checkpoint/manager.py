@@ -3,9 +3,12 @@ atomic; signals held back; restore verified, falling back past corrupt steps).""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import math
+import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,8 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 import tfmjax
-from tfmjax.checkpoint.errors import CheckpointError, CorruptStep, short_error
+from tfmjax.checkpoint import orbax_log
+from tfmjax.checkpoint.errors import CheckpointError, CorruptStep, save_cause, short_error
 from tfmjax.checkpoint.hashing import (
     array_table,
     json_hash,
@@ -24,7 +28,13 @@ from tfmjax.checkpoint.hashing import (
     state_hashes,
 )
 from tfmjax.checkpoint.signals import signals_deferred
-from tfmjax.checkpoint.store import CHECKPOINTS_SUBDIR, Store, abstract_target, structure_diff
+from tfmjax.checkpoint.store import (
+    CHECKPOINTS_SUBDIR,
+    TMP_SUFFIX,
+    Store,
+    abstract_target,
+    structure_diff,
+)
 from tfmjax.config import diff
 
 log = logging.getLogger("tfmjax.checkpoint")
@@ -39,6 +49,13 @@ class Checkpointer:
     metric (``best_mode`` "max" or "min") even when it is older. Saves are asynchronous
     (``save`` returns once the arrays are copied to the host) and atomic; call :meth:`wait`
     (or :meth:`close`) before the process exits.
+
+    A save that fails (disk full, permission denied, directory removed) raises one
+    :class:`CheckpointError` line naming that step, the directory and the cause, from
+    ``save`` itself or, when it failed in the background, from the next ``save``/``wait``/
+    ``close``. Its temporary directory is removed; the earlier steps are untouched. Orbax's
+    own log records (tracebacks of its threads) go to ``directory/checkpoints.log`` while
+    the checkpointer is open, not to the terminal.
     """
 
     def __init__(
@@ -86,8 +103,16 @@ class Checkpointer:
             preservation_policy=ocm.AnyPreservationPolicy(policies),
             cleanup_tmp_directories=True,  # remove tmp dirs left by a killed save
             enable_async_checkpointing=True,
+            # Create the step directory in save() itself: when that fails (no permission,
+            # read-only disk, a file in the way), save() raises at once. Created in the
+            # background, the failure left orbax's other threads waiting 300 s for it,
+            # and the process hung at exit.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
             create=True,
         )
+        self.log_path = self.directory / orbax_log.LOG_NAME
+        self._log = orbax_log.LogFile(self.log_path)
+        orbax_log.attach(self._log)
         self._store = Store(
             self.checkpoints_dir,
             writable=True,
@@ -96,6 +121,7 @@ class Checkpointer:
         )
         self._mgr = self._store.mgr
         self._closed = False
+        self._in_flight: int | None = None  # the step whose background save is unfinished
 
     # -- saving ----------------------------------------------------------------------------
 
@@ -104,7 +130,9 @@ class Checkpointer:
 
         ``config`` is the whole experiment config (a dict, or an object with ``to_dict()``).
         Raises :class:`CheckpointError` if a newer step already exists (orbax would skip the
-        save silently). Safe to call from a SIGTERM/SIGINT handler (see module docstring).
+        save silently), if this save fails to start, or if the previous save failed in the
+        background (the message names that step). Safe to call from a SIGTERM/SIGINT handler
+        (see module docstring).
         """
         self._check_open()
         step = int(step)
@@ -139,8 +167,9 @@ class Checkpointer:
                 "time": datetime.datetime.now(datetime.UTC).isoformat(),
                 "tfmjax_version": tfmjax.__version__,
             }
+            self._finish_in_flight()  # orbax would wait too: a failure there names that step
             try:
-                return bool(
+                saved = bool(
                     self._mgr.save(
                         step,
                         args=ocp.args.Composite(
@@ -152,26 +181,84 @@ class Checkpointer:
                     )
                 )
             except Exception as err:  # noqa: BLE001
-                raise CheckpointError(
-                    f"saving checkpoint step {step} failed: {short_error(err)}"
-                ) from err
+                # The background part may have started: let it end before cleaning up.
+                with contextlib.suppress(Exception):
+                    self._mgr.wait_until_finished()
+                raise self._save_failed(step, err) from err
+            if saved:
+                self._in_flight = step
+            return saved
 
     def wait(self) -> None:
-        """Block until the save in flight (if any) is committed. Safe from a signal handler."""
+        """Block until the save in flight (if any) is committed. Safe from a signal handler.
+
+        Raises :class:`CheckpointError` naming the step if that save failed.
+        """
         with signals_deferred():
-            try:
-                self._mgr.wait_until_finished()
-            except Exception as err:  # noqa: BLE001
-                raise CheckpointError(f"saving a checkpoint failed: {short_error(err)}") from err
+            self._finish_in_flight()
+
+    def _finish_in_flight(self) -> None:
+        step, self._in_flight = self._in_flight, None
+        try:
+            self._mgr.wait_until_finished()
+        except Exception as err:  # noqa: BLE001
+            raise self._save_failed(step, err) from err
+
+    def _save_failed(self, step: int | None, err: BaseException) -> CheckpointError:
+        """Remove the failed step's tmp dir, forget the step, and say what happened in one line.
+
+        The earlier steps are never touched. Orbax's tracebacks are in the log file.
+        """
+        if step is not None:
+            self._settle_background()
+            tmp = self.checkpoints_dir / f"{step}{TMP_SUFFIX}"
+            for _ in range(5):  # a straggling write may still have been creating files
+                shutil.rmtree(tmp, ignore_errors=True)
+                if not tmp.exists():
+                    break
+                time.sleep(0.1)
+        with contextlib.suppress(Exception):
+            self._mgr.reload()  # orbax may still list the failed step
+        cause = save_cause(err)
+        which = f"checkpoint step {step}" if step is not None else "a checkpoint"
+        line = f"saving {which} to {self.checkpoints_dir} failed: {cause}"
+        self._log.write_line(f"tfmjax: {line} ({short_error(err, 400)})")
+        if self._log.flush() and self._log.written:  # written now that the tmp dir is gone
+            line += f" (orbax log: {self.log_path})"
+        return CheckpointError(line)
+
+    def _settle_background(self, timeout: float = 60.0) -> None:
+        """Let a failed save's other background writes end before its tmp dir is removed.
+
+        Orbax reports the first write that fails and leaves the others running. Their
+        futures are private to orbax (``_async_manager._commit_futures``): if that changes,
+        this waits for nothing and the removal retries instead.
+        """
+        manager = getattr(getattr(self._mgr, "_checkpointer", None), "_async_manager", None)
+        deadline = time.monotonic() + timeout
+        for future in getattr(manager, "_commit_futures", None) or ():
+            with contextlib.suppress(Exception):
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
-        """Wait for the save in flight, then release orbax's threads. Idempotent."""
+        """Wait for the save in flight, then release orbax's threads. Idempotent.
+
+        Raises :class:`CheckpointError` if that save failed (orbax is released anyway).
+        """
         if self._closed:
             return
         with signals_deferred():
-            self.wait()
-            self._mgr.close()
-            self._closed = True
+            try:
+                self._finish_in_flight()
+            except CheckpointError:
+                with contextlib.suppress(Exception):
+                    self._mgr.close()
+                raise
+            else:
+                self._mgr.close()
+            finally:
+                self._closed = True
+                orbax_log.detach(self._log)
 
     def __enter__(self) -> Checkpointer:
         return self
