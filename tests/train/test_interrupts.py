@@ -340,7 +340,7 @@ def _table(results: list[Result]) -> str:
                 str(r.code),
                 "-" if r.saved_after == r.saved_before else str(r.saved_after),
                 _line(r)[:100],
-                str(sum(1 for line in r.err if line.strip() and not KNOWN_NOISE.search(line))),
+                str(sum(1 for line in r.err if line.strip())),
                 r.resumed,
                 "-" if math.isnan(r.exit_after_signal) else f"{r.exit_after_signal:.1f}s",
                 f"{r.seconds:.1f}" + ("  <-- " + "; ".join(r.problems) if r.problems else ""),
