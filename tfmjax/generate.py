@@ -15,13 +15,11 @@ import sys
 import threading
 from collections.abc import Sequence
 
-import jax
-
 from tfmjax.config import ModelConfig
 from tfmjax.data.vocab import RESERVED_TOKENS, Vocab
-from tfmjax.decode import generate
-from tfmjax.decode.options import add_decode_arguments, strategy_from_args
-from tfmjax.models import build
+
+# JAX and the model code are imported inside the functions that use them, so the Ctrl-C
+# handler that ``main`` installs first also covers their (seconds-long) import.
 
 
 def prompt_ids(model, vocab: Vocab, text: str) -> list[int]:
@@ -70,6 +68,11 @@ def generate_from_text(
 ):
     """Continue ``text`` (space-separated task symbols; a str or a list of str) -> str(s)."""
     texts = [text] if isinstance(text, str) else list(text)
+    import jax
+
+    from tfmjax.decode import generate
+    from tfmjax.models import build
+
     model = build(model_config)
     prompts = [prompt_ids(model, vocab, t) for t in texts]
     out = generate(model, params, prompts, strategy, max_new_tokens, rng=rng)
@@ -96,6 +99,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="default: the task's longest eval target + 1 (EOS)",
     )
+    from tfmjax.decode.options import add_decode_arguments
+
     add_decode_arguments(parser)
     return parser.parse_args(argv)
 
@@ -138,6 +143,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     from tfmjax.checkpoint import CheckpointError
     from tfmjax.data import make_task
+    from tfmjax.decode.options import strategy_from_args
 
     try:
         strategy = strategy_from_args(args)
