@@ -80,6 +80,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, overrides", CASES, ids=lambda c: str(c))
 def test_blockwise_follows_xla_loss_curve(small_blocks, family, overrides):
     reference = _loss_curve(family, "xla", **overrides)
@@ -87,6 +88,7 @@ def test_blockwise_follows_xla_loss_curve(small_blocks, family, overrides):
     np.testing.assert_allclose(_loss_curve(family, "blockwise", **overrides), reference, rtol=RTOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, overrides", CASES[:1] + CASES[2:], ids=lambda c: str(c))
 def test_pallas_interpret_follows_xla_loss_curve(small_blocks, family, overrides):
     reference = _loss_curve(family, "xla", **overrides)

@@ -119,6 +119,7 @@ def test_scanned_equals_unrolled(family, remat):
     assert jax.tree.structure(own) == jax.tree.structure(p)
 
 
+@pytest.mark.slow
 def test_packed_segments_equal_separate_rows():
     cfg = _cfg("decoder_only", position="rope")
     a, b = _tokens((1, 4), 1), _tokens((1, 3), 2)

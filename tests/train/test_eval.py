@@ -241,6 +241,7 @@ def test_eval_reports_the_step_it_loaded_when_the_newest_is_corrupt(trained, tmp
     assert "(step 2)" in proc.stdout and "checkpoint step 4 is corrupt" in proc.stderr
 
 
+@pytest.mark.slow
 def test_evaluating_an_older_step_keeps_the_newest_report(trained, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(trained, workdir)

@@ -54,6 +54,7 @@ def quiet(exp, **kw):
     return train(exp, progress=False, stream=open(os.devnull, "w"), **kw)
 
 
+@pytest.mark.slow
 def test_tiny_run_learns_copy(tmp_path):
     result = quiet(tiny_experiment(tmp_path, steps=300))
     assert result["eval"]["exact_match"] >= 0.95, result["eval"]
@@ -118,6 +119,7 @@ def _write_config(tmp_path, **train_kw) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_zero(tmp_path):
     config = _write_config(tmp_path, steps=100_000, checkpoint_every=100_000, eval_every=100_000)
     proc = _cli(str(config), "--progress", "lines")

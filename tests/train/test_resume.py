@@ -70,6 +70,7 @@ def run(exp, **kw):
     return train(exp, progress=False, plot=False, stream=open(os.devnull, "w"), **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
 def test_stop_crash_resume_is_bit_exact(tmp_path, family):
     straight = experiment(family, tmp_path / "straight")

@@ -89,6 +89,7 @@ def test_override_continues_and_records_the_new_config(finished):
     run(dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=8)))  # no refusal now
 
 
+@pytest.mark.slow
 def test_cli_refuses_in_one_line_then_override_flag_continues(finished):
     config = finished / "resume.toml"
     config.write_text(
