@@ -439,10 +439,11 @@ def _restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
     the config changes this resume applies (see :mod:`tfmjax.train.resume`)."""
     exp = run.experiment
     target = abstract_state(run.model, run.tx, sample, exp.train.seed)
-    if ckpt.latest_step() is None:
+    latest = ckpt.latest_step()
+    if latest is None:
         return create_state(run.model, run.tx, sample, exp.train.seed), 0, []
     saved = load_config(ckpt.directory)
-    applied = check_resume(saved, exp, ckpt.latest_step(), override=override)
+    applied = check_resume(saved, exp, latest, override=override)
     state, step = ckpt.restore(target, config=None if override else exp.to_dict())
     return state, step, applied
 
