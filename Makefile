@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint format train test test-fast bench clean
+.PHONY: install lint format train test test-fast mutate bench clean
 
 $(STAMP): pyproject.toml
 	@echo "creating $(VENV) and installing tfmjax with jax, flax, optax, orbax and the test tools (about a minute the first time)"
@@ -37,9 +37,15 @@ test: lint
 test-fast: lint
 	$(PY) -m pytest -n 2 -q -m "not slow"
 
+# Mutation testing of the math modules (about 45 minutes on 2 cores; not in CI).
+# Sessions are kept in .mutation/, so a second run only does what is missing.
+mutate: $(STAMP)
+	$(PY) -m pip install -q -e '.[mutate]'
+	$(PY) tools/mutate.py --jobs 2
+
 bench: $(STAMP)
 	$(PY) bench/attention.py
 	$(PY) bench/train.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mutation

@@ -144,6 +144,7 @@ QUICK = {
         "decode_empty_row",
         "segments_padding",
         "segments_packing_causal",
+        "alibi_decode_t3",
         "everything",
     },
     "pallas": {
@@ -196,6 +197,35 @@ def test_values_match_oracle(impl, name):
     )
     assert got.shape == want.shape and got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_large_logits_stay_finite(impl):
+    """Scores near +-300 overflow exp() in fp32: every path must subtract the row maximum.
+
+    The float64 oracle has room up to ~700, so it needs no such care to be exact here.
+    """
+    q, k, v = inputs(2, 5, 8, 4, 2, 4, seed=11)
+    q = q * 60.0  # |q.k| / sqrt(H) reaches a few hundred
+    options = dict(causal=True)
+    scores = np.einsum("btnh,bskh->bnts", q[:, :, ::2], k) / 2.0  # heads 0, 2 vs kv heads
+    assert np.abs(scores).max() > 200  # far past fp32's exp() limit of ~88
+    want = oracle.oracle_attention(q, k, v, **options)
+    got = jax.jit(lambda q, k, v: kernels.attention(q, k, v, impl=impl, causal=True))(q, k, v)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=ATOL)
+
+
+def test_dense_mask_defaults_to_no_offset():
+    """``dense_mask`` without ``q_offset`` puts query t at position t (prefill, training)."""
+    from tfmjax.kernels.masks import dense_mask
+
+    for causal, window in [(True, None), (False, 1), (True, 2)]:
+        got = np.asarray(dense_mask(4, 6, causal=causal, window=window))[0, 0]
+        want = [
+            [oracle.oracle_visible(t, s, causal=causal, window=window) for s in range(6)]
+            for t in range(4)
+        ]
+        np.testing.assert_array_equal(got, np.array(want))
 
 
 def test_oracle_empty_rows_are_zero():

@@ -9,7 +9,7 @@ import pytest
 
 from tfmjax.kernels.masks import alibi_bias
 from tfmjax.layers.mlp import FeedForward
-from tfmjax.layers.norms import LayerNorm, RMSNorm
+from tfmjax.layers.norms import LayerNorm, RMSNorm, make_norm
 from tfmjax.layers.positions import alibi_slopes, apply_rope, relative_bucket, sinusoidal
 
 RNG = np.random.default_rng(0)
@@ -33,6 +33,26 @@ def test_rmsnorm_matches_formula():
     expected = gamma * x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6)
     got = RMSNorm(eps=1e-6).apply({"params": {"scale": gamma}}, x)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_norm_eps_is_added_to_the_variance(kind):
+    """With unit-variance rows and eps = 0.5 the eps term is a third of the denominator,
+    so adding it anywhere else (or subtracting it) shows."""
+    x = RNG.normal(size=(3, 16)).astype(np.float32)
+    x = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)  # mean 0, variance 1
+    module = make_norm(kind, eps=0.5)
+    params = module.init(jax.random.key(0), x)
+    np.testing.assert_allclose(module.apply(params, x), x / np.sqrt(1.5), rtol=1e-5, atol=1e-6)
+
+
+def test_make_norm_builds_the_named_norm():
+    """``make_norm`` maps each name to its class with the given eps and name; others fail."""
+    for kind, cls in [("layernorm", LayerNorm), ("rmsnorm", RMSNorm)]:
+        module = make_norm(kind, eps=0.25, name="ln")
+        assert type(module) is cls and module.eps == 0.25 and module.name == "ln"
+    with pytest.raises(ValueError, match="norm='batchnorm' is not one of layernorm, rmsnorm"):
+        make_norm("batchnorm", eps=1e-5)
 
 
 def numpy_sinusoidal(n, d):
@@ -145,6 +165,23 @@ def test_feed_forward_matches_seed_formulas(activation):
     expected = _ffn_numpy(x.astype(np.float64), jax.tree.map(np.asarray, params), activation)
     np.testing.assert_allclose(module.apply({"params": params}, x), expected, rtol=1e-4, atol=1e-5)
     assert ("gate" in params) == (activation in ("swiglu", "geglu"))
+    # ``expected`` uses the module's own weights, so check their shapes independently:
+    # D -> d_ff -> D, whatever the sequence length.
+    assert params["up"]["kernel"].shape == (8, 12) and params["down"]["kernel"].shape == (12, 8)
+
+
+def test_feed_forward_dropout_is_off_unless_asked():
+    """No dropout by default (rate 0), and a dropout rate acts only when ``deterministic``
+    is turned off: the module is deterministic unless the caller says otherwise."""
+    x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
+    plain = FeedForward(d_ff=32)
+    params = plain.init(jax.random.key(0), x)
+    rngs = {"dropout": jax.random.key(1)}
+    want = plain.apply(params, x)
+    np.testing.assert_array_equal(plain.apply(params, x, deterministic=False, rngs=rngs), want)
+    dropping = FeedForward(d_ff=32, dropout_rate=0.5)
+    np.testing.assert_array_equal(dropping.apply(params, x), want)
+    assert not np.allclose(dropping.apply(params, x, deterministic=False, rngs=rngs), want)
 
 
 def test_unknown_activation_is_one_line():

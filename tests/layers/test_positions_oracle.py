@@ -124,3 +124,25 @@ def test_alibi_slopes_formula(N):
     got = np.asarray(positions.alibi_slopes(N))
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert math.isclose(want[-1], 2.0**-8)
+
+
+def test_learned_positions_look_up_rows():
+    """``LearnedPositions`` returns row ``positions[b, t]`` of its ``[max_len, D]`` table."""
+    module = positions.LearnedPositions(max_len=9, d_model=4)
+    pos = jnp.array([[0, 8, 3], [5, 5, 1]])
+    params = module.init(jax.random.key(0), pos)
+    table = np.asarray(params["params"]["pos_embedding"])
+    assert table.shape == (9, 4)
+    np.testing.assert_array_equal(np.asarray(module.apply(params, pos)), table[np.asarray(pos)])
+
+
+def test_position_tables_start_at_std_002():
+    """Learned positions (GPT-2, BERT) and T5's bias table start as N(0, 0.02^2)."""
+    pos = jnp.zeros((1, 1), jnp.int32)
+    learned = positions.LearnedPositions(max_len=512, d_model=64).init(jax.random.key(1), pos)
+    bias = positions.RelativePositionBias(
+        num_heads=64, num_buckets=256, max_distance=512, bidirectional=True
+    ).init(jax.random.key(2), jnp.arange(2), jnp.arange(2))
+    for table in (learned["params"]["pos_embedding"], bias["params"]["rel_bias"]):
+        assert float(jnp.std(table)) == pytest.approx(0.02, rel=0.05)
+        assert abs(float(jnp.mean(table))) < 0.002

@@ -14,7 +14,7 @@ def _expand(vector, like):
 class LayerNorm(nn.Module):
     """``gamma * (x - mean) / sqrt(var + eps) + beta`` over the last axis ``D``."""
 
-    eps: float = 1e-5
+    eps: float
 
     @nn.compact
     def __call__(self, x):
@@ -30,7 +30,7 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """``gamma * x / sqrt(mean(x^2) + eps)`` over the last axis ``D`` (no centring, no shift)."""
 
-    eps: float = 1e-5
+    eps: float
 
     @nn.compact
     def __call__(self, x):
