@@ -100,10 +100,15 @@ def test_masked_positions_contribute_nothing():
 
 
 def test_cross_entropy_bf16_logits_and_jit():
+    """bf16 logits are upcast, not computed in bf16: every logit here is exact in bf16, so the
+    jitted loss is the float64 hand computation to float32 rounding."""
+    assert np.array_equal(np.asarray(jnp.asarray(LOGITS, jnp.bfloat16), np.float32), LOGITS)
     f = jax.jit(L.cross_entropy, static_argnums=3)
-    loss, _ = f(jnp.asarray(LOGITS, jnp.bfloat16), jnp.asarray(TARGETS), jnp.asarray(MASK), 0.0)
-    assert loss.dtype == jnp.float32
-    assert float(loss) == pytest.approx(np_loss_sum(0.0), rel=2e-2)
+    for eps in (0.0, 0.1):
+        bf16 = jnp.asarray(LOGITS, jnp.bfloat16)
+        loss, _ = f(bf16, jnp.asarray(TARGETS), jnp.asarray(MASK), eps)
+        assert loss.dtype == jnp.float32
+        assert float(loss) == pytest.approx(np_loss_sum(eps), rel=1e-6)
 
 
 @pytest.mark.parametrize("v,eps", [(4, 0.0), (4, 0.1), (1000, 0.1), (32000, 0.2)])
@@ -148,3 +153,33 @@ def test_shape_and_arg_errors():
         L.token_accuracy(lg[:, :2], tg, mk)
     with pytest.raises(ValueError, match="logits_or_predictions"):
         L.sequence_exact_match(tg[:, :2], tg, mk)
+
+
+def test_cross_entropy_weights_tokens_by_the_mask():
+    """The mask is a weight, not only a switch: ``loss_sum = sum(loss * mask)``."""
+    weights = np.array([[0.5, 2.0, 1.0], [0.25, 1.0, 0.0]], np.float32)
+    loss, w = L.cross_entropy(jnp.asarray(LOGITS), jnp.asarray(TARGETS), jnp.asarray(weights))
+    want = sum(
+        np_token_loss(LOGITS[b, t], TARGETS[b, t], 0.0) * weights[b, t]
+        for b in range(2)
+        for t in range(3)
+    )
+    assert float(loss) == pytest.approx(want, rel=1e-6)
+    assert float(w) == pytest.approx(weights.sum(), rel=1e-7)
+
+
+@pytest.mark.parametrize(
+    "vocab_size, label_smoothing",
+    [(10, 1.0), (10, -0.1), (10, float("nan")), (10, "0.1"), (0, 0.1), (True, 0.1), (3.0, 0.1)],
+)
+def test_smoothed_loss_floor_refuses_bad_arguments(vocab_size, label_smoothing):
+    """eps must be a real number in [0, 1), V an int >= 1 (not a bool or a float)."""
+    with pytest.raises(ValueError, match="must be") as e:
+        L.smoothed_loss_floor(vocab_size, label_smoothing)
+    assert "\n" not in str(e.value)
+
+
+def test_smoothed_loss_floor_edges():
+    """V = 1: the smoothed target is the one-hot itself, entropy 0; eps = 0: entropy 0."""
+    assert L.smoothed_loss_floor(1, 0.5) == 0.0
+    assert L.smoothed_loss_floor(7, 0.0) == 0.0

@@ -254,7 +254,8 @@ def equivalents():
         for line in EQUIVALENTS.read_text().splitlines():
             match = pattern.match(line)
             if match:
-                rows.add((match[1], match[2], match[3].removeprefix("core/")))
+                code = match[2].replace("\\|", "|")  # a table cell escapes its pipes
+                rows.add((match[1], code, match[3].removeprefix("core/")))
     return rows
 
 

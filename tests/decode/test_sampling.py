@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfmjax.decode import Greedy, Temperature, TopK, TopP, full_logits, generate, nucleus_mask
+from tfmjax.decode import (
+    BeamSearch,
+    Greedy,
+    Temperature,
+    TopK,
+    TopP,
+    full_logits,
+    generate,
+    nucleus_mask,
+)
 
 B, N = 32, 6
 PROMPTS = [[5 + i % 11, 6 + i % 7, 3] for i in range(B)]
@@ -117,13 +126,62 @@ def test_temperature_sampling_matches_softmax_over_tau(tiny):
     "strategy", [TopK(4, temperature=0.8), TopP(0.7, temperature=1.2)], ids=["top_k", "top_p"]
 )
 def test_truncated_sampling_matches_renormalised_distribution(strategy):
+    """20000 draws follow softmax(logits / tau) cut to the top k or to the nucleus (computed
+    here in NumPy: most likely first, each token kept while the mass before it is < p), then
+    renormalised."""
     logits = jnp.asarray(np.random.default_rng(0).normal(size=12) * 1.5, jnp.float32)
     samples = jax.jit(strategy.sample)(jnp.broadcast_to(logits, (20000, 12)), jax.random.key(0))
-    scaled = np.asarray(logits) / strategy.temperature
+    scaled = np.asarray(logits, np.float64) / strategy.temperature
     if isinstance(strategy, TopK):
         keep = scaled >= np.sort(scaled)[-strategy.k]
     else:
-        keep = np.asarray(nucleus_mask(logits[None], strategy.p, strategy.temperature))[0]
+        full = np.exp(scaled - scaled.max())
+        full /= full.sum()
+        order = np.argsort(-full)
+        before = np.cumsum(full[order]) - full[order]  # mass of the more likely tokens
+        keep = np.zeros(12, bool)
+        keep[order] = before < strategy.p
     probs = np.where(keep, np.exp(scaled - scaled.max()), 0.0)
     assert 1 < keep.sum() < 12
     assert _chi_square_p(np.asarray(samples), probs / probs.sum()) > 1e-3
+
+
+def test_beam_length_penalty_is_gnmt():
+    """Wu et al. 2016: ``lp(Y) = ((5 + |Y|) / 6) ** alpha``; alpha 0 turns it off."""
+
+    lengths = np.array([1, 2, 7, 30])
+    for alpha in (0.0, 0.6, 1.0):
+        got = np.asarray(BeamSearch(beam_size=2, alpha=alpha).length_penalty(lengths))
+        np.testing.assert_allclose(got, ((5.0 + lengths) / 6.0) ** alpha, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: BeamSearch(beam_size=0),
+        lambda: BeamSearch(alpha=-0.1),
+        lambda: BeamSearch(alpha=True),
+        lambda: BeamSearch(alpha=float("nan")),
+        lambda: TopK(k=True),
+        lambda: TopK(k=2.0),
+        lambda: TopK(k=0),
+        lambda: TopP(p=True),
+        lambda: TopP(p="0.5"),
+        lambda: TopP(p=0.0),
+        lambda: TopP(p=1.5),
+        lambda: Temperature(temperature=0),
+        lambda: Temperature(temperature=True),
+        lambda: Temperature(temperature=float("inf")),
+    ],
+)
+def test_strategies_refuse_bad_arguments(build):
+    """One-line ValueError for every out-of-range or wrongly typed setting (bools included)."""
+    with pytest.raises(ValueError, match="is invalid") as e:
+        build()
+    assert "\n" not in str(e.value)
+
+
+def test_strategies_accept_their_boundaries():
+
+    assert TopP(p=1.0).p == 1.0 and TopK(k=1).k == 1
+    assert BeamSearch(beam_size=1, alpha=0).beam_size == 1

@@ -204,3 +204,16 @@ def test_block_range_is_exact(causal, window):
         got_full[flo:fhi] = True
         np.testing.assert_array_equal(got_needed, needed, err_msg=f"{start=} {block=} {length=}")
         np.testing.assert_array_equal(got_full, full, err_msg=f"{start=} {block=} {length=}")
+
+
+def test_block_sizes_are_frozen_and_backward_falls_back():
+    """``BlockSizes`` is an immutable value (jit keys on it); ``backward()`` takes the
+    backward lengths, or the forward ones where those are None."""
+    import dataclasses
+
+    sizes = blockwise.BlockSizes(block_q=8, block_k=16, block_q_bwd=2, block_k_bwd=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sizes.block_q = 4
+    assert hash(sizes) == hash(blockwise.BlockSizes(8, 16, 2, None))
+    back = sizes.backward()
+    assert (back.block_q, back.block_k) == (2, 16)

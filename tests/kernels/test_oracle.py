@@ -200,17 +200,27 @@ def test_values_match_oracle(impl, name):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_large_logits_stay_finite(impl):
-    """Scores near +-300 overflow exp() in fp32: every path must subtract the row maximum.
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["spread", "all_negative"])
+def test_large_logits_stay_finite(impl, sign):
+    """Scores of a few hundred overflow (or underflow) exp() in fp32: every path must
+    subtract the row maximum. ``spread``: scores of both signs up to ~+-300;
+    ``all_negative``: every score of a row below -100, so a path that started its running
+    maximum anywhere but far below sees ``exp()`` underflow to an all-zero row.
 
     The float64 oracle has room up to ~700, so it needs no such care to be exact here.
     """
     q, k, v = inputs(2, 5, 8, 4, 2, 4, seed=11)
-    q = q * 60.0  # |q.k| / sqrt(H) reaches a few hundred
-    options = dict(causal=True)
+    if sign > 0:
+        q = q * 60.0
+    else:  # keys anti-aligned with every query, plus noise of a few units of score
+        q = np.broadcast_to(np.abs(q[:1, :1, :1]), q.shape) * 10.0
+        k = k - np.abs(q[:, :1, :2])
     scores = np.einsum("btnh,bskh->bnts", q[:, :, ::2], k) / 2.0  # heads 0, 2 vs kv heads
-    assert np.abs(scores).max() > 200  # far past fp32's exp() limit of ~88
-    want = oracle.oracle_attention(q, k, v, **options)
+    if sign > 0:
+        assert np.abs(scores).max() > 200  # far past fp32's exp() limit of ~88
+    else:
+        assert scores.max() < -100 and np.ptp(scores, axis=-1).min() > 1
+    want = oracle.oracle_attention(q, k, v, causal=True)
     got = jax.jit(lambda q, k, v: kernels.attention(q, k, v, impl=impl, causal=True))(q, k, v)
     np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=ATOL)
 

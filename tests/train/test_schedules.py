@@ -144,3 +144,54 @@ def test_errors_are_one_line():
         S.warmup_constant(-1.0, 0)
     with pytest.raises(ValueError, match=r"decay_fraction"):
         S.warmup_stable_decay(1.0, 50, 100, decay_fraction=0.9)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: S.warmup_constant(True, 0),
+        lambda: S.warmup_constant(float("nan"), 0),
+        lambda: S.warmup_constant(1.0, True),
+        lambda: S.warmup_constant(1.0, 2.5),
+        lambda: S.warmup_constant(1.0, -1),
+        lambda: S.warmup_cosine(1.0, 0, -1),
+        lambda: S.inverse_sqrt_warmup(0, 4),
+        lambda: S.warmup_stable_decay(1.0, 0, 100, decay_fraction=1.5),
+    ],
+)
+def test_bad_arguments_are_refused(build):
+    """bools are not numbers here, NaN is not finite, counts are ints >= their minimum."""
+    with pytest.raises(ValueError, match="must be") as e:
+        build()
+    assert "\n" not in str(e.value)
+
+
+def test_boundary_arguments_are_accepted():
+    """The documented minimums and maximums themselves are valid."""
+    assert float(S.inverse_sqrt_warmup(1, 1)(1)) == 1.0  # d_model 1, warmup 1: 1 * min(1, 1)
+    assert float(S.warmup_linear(2.0, 0, 0)(0)) == 2.0  # total_steps 0 (nothing to decay)
+    full = S.warmup_stable_decay(1.0, 0, 100, decay_fraction=1.0)  # decay over the whole run
+    assert float(full(0)) == 1.0 and float(full(50)) == pytest.approx(0.5)
+    # The decay may start exactly where warmup ends.
+    edge = S.warmup_stable_decay(1.0, 90, 100, decay_fraction=0.1)
+    assert float(edge(90)) == 1.0 and float(edge(95)) == pytest.approx(0.5)
+
+
+def test_wsd_error_names_the_largest_valid_fraction():
+    """warmup 50 of 100 steps leaves at most half of them for the decay."""
+    with pytest.raises(ValueError, match=r"valid: decay_fraction <= 0\.5$"):
+        S.warmup_stable_decay(1.0, 50, 100, decay_fraction=0.8)
+
+
+def test_defaults():
+    """inverse_sqrt's scale is 1; the others end at 0; wsd decays over the last 10%."""
+    check(S.inverse_sqrt_warmup(64, 10), lambda s: np_inverse_sqrt(s, 64, 10, 1.0))
+    check(S.warmup_cosine(PEAK, WARM, TOTAL), lambda s: np_cosine(s, PEAK, WARM, TOTAL, 0.0))
+    check(S.warmup_linear(PEAK, WARM, TOTAL), lambda s: np_linear(s, PEAK, WARM, TOTAL, 0.0))
+    check(
+        S.warmup_stable_decay(PEAK, WARM, TOTAL),
+        lambda s: np_wsd(s, PEAK, WARM, TOTAL, 0.1, 0.0),
+    )
+    kw = dict(peak_lr=PEAK, warmup_steps=WARM, total_steps=TOTAL, d_model=64)
+    check(S.make_schedule("linear", **kw), lambda s: np_linear(s, PEAK, WARM, TOTAL, 0.0))
+    check(S.make_schedule("wsd", **kw), lambda s: np_wsd(s, PEAK, WARM, TOTAL, 0.1, 0.0))
