@@ -165,8 +165,10 @@ MODEL = C.ModelConfig(family="decoder_only", vocab_size=10, position="learned", 
     ],
 )
 def test_bad_batches_are_one_line(batch, message):
-    with pytest.raises(InputError, match=message):
+    """check_batch refuses each bad batch with an InputError of one line naming the problem."""
+    with pytest.raises(InputError, match=message) as info:
         build(MODEL).check_batch(batch)
+    assert "\n" not in str(info.value)
 
 
 def test_good_batch_passes_and_max_len_holds_for_every_position_encoding():
@@ -182,7 +184,8 @@ def test_good_batch_passes_and_max_len_holds_for_every_position_encoding():
 
 @pytest.mark.parametrize("family", ["decoder_only", "encoder_decoder", "encoder_only"])
 def test_eager_apply_refuses_token_ids_outside_the_vocabulary(family):
-    """JAX clamps out-of-range gathers; an eager apply with concrete ids checks them first."""
+    """JAX clamps out-of-range gathers; an eager apply with concrete ids checks them (and the
+    length) first, with one-line InputErrors."""
     model = build(
         C.ModelConfig(family=family, vocab_size=10, d_model=8, num_heads=2, d_ff=8, num_layers=1)
     )
@@ -190,6 +193,13 @@ def test_eager_apply_refuses_token_ids_outside_the_vocabulary(family):
     params = model.init(jax.random.key(0), batch)
     key = model.token_keys[-1]
     bad = dict(batch, **{key: batch[key].at[0, 2].set(10)})
-    with pytest.raises(InputError, match=rf"{key} has token id 10 at index \[0, 2\] outside"):
+    with pytest.raises(
+        InputError, match=rf"{key} has token id 10 at index \[0, 2\] outside"
+    ) as info:
         model.apply(params, bad)
+    assert "\n" not in str(info.value)
+    long = model.dummy_batch(1, model.config.max_len + 1)
+    with pytest.raises(InputError, match="but the model takes at most model.max_len=") as info:
+        model.apply(params, long)
+    assert "\n" not in str(info.value)
     jax.jit(model.apply)(params, bad)  # under jit the host-side check_batch is the check

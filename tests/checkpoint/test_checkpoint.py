@@ -32,6 +32,7 @@ from tfmjax.checkpoint import (
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 LOGGER = "tfmjax.checkpoint"
+HANG_S = 600  # a hang guard, not a speed limit
 
 
 @pytest.fixture(autouse=True)
@@ -342,7 +343,7 @@ def test_kill_9_during_async_save_keeps_previous_step(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert "STEP2_STARTED" in proc.stdout
@@ -453,7 +454,9 @@ def test_save_and_wait_from_a_signal_handler_do_not_deadlock(tmp_path):
 
     previous = signal.signal(signal.SIGTERM, on_term)
     ckpt._mgr.save = save_interrupted
-    faulthandler.dump_traceback_later(60, exit=True)  # a deadlock fails, not hangs
+    # Only against a deadlock (which would hang the suite): far above any slow save, since
+    # it ends the whole worker process with the stacks.
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
     try:
         ckpt.save(1, make_state(1), config=CONFIG)
         events.append("save returned")

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 CONFIG = {"name": "faults", "model": {"d_model": 8}}
 HELPER = Path(__file__).with_name("_save_fault_helper.py")
+HANG_S = 600  # a hang guard for the helper process, not a speed limit
 
 
 def make_state(seed: int, n: int = 64) -> dict:
@@ -299,7 +300,7 @@ def run_helper(workdir: Path, scenario: str, prefix: tuple[str, ...] = ()):
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=HANG_S,
     )
 
 

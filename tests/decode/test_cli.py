@@ -33,7 +33,9 @@ def test_generate_from_text_is_generate_on_source_sep(setup):
         generate_from_text(model.config, params, task.vocab, "a z", Greedy(), 6)
 
 
-def test_cli_loads_checkpoint_and_prints_answers(setup, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def workdir(setup, tmp_path_factory):
+    """A workdir holding one checkpoint of the tiny model, with its experiment config."""
     from tfmjax.checkpoint import Checkpointer
 
     task, model, params = setup
@@ -42,20 +44,61 @@ def test_cli_loads_checkpoint_and_prints_answers(setup, tmp_path, capsys):
         model=model.config,
         data=DataConfig(task="reverse", task_params=dict(TASK_PARAMS)),
     )
-    ckpt = Checkpointer(tmp_path)
+    path = tmp_path_factory.mktemp("generate_cli")
+    ckpt = Checkpointer(path)
     ckpt.save(1, {"params": params}, config=exp.to_dict())
     ckpt.close() if hasattr(ckpt, "close") else ckpt.wait()
+    return path
 
-    assert main([str(tmp_path), "--input", "c a f", "--input", "b"]) == 0
+
+def test_cli_loads_checkpoint_and_prints_answers(setup, workdir, capsys):
+    """``python -m tfmjax.generate WORKDIR --input ...`` prints one greedy answer per input,
+    the ones generate_from_text gives; an unknown symbol is refused in one line."""
+    task, model, params = setup
+    assert main([str(workdir), "--input", "c a f", "--input", "b"]) == 0
     lines = [line.rstrip() for line in capsys.readouterr().out.strip().splitlines()]
     want = generate_from_text(
         model.config, params, task.vocab, ["c a f", "b"], Greedy(), task.max_target_len("eval") + 1
     )
     assert lines == [f"c a f -> {want[0]}".rstrip(), f"b -> {want[1]}".rstrip()]
 
-    assert main([str(tmp_path), "--input", "a z"]) == 2
+    assert main([str(workdir), "--input", "a z"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: unknown symbol 'z'") and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--input", " "], "error: --input is empty"),
+        (["--input", "c <eos> a"], "error: --input 'c <eos> a' holds the special token <eos>"),
+        (["--input", "c a", "--max-new-tokens", "0"], "error: --max-new-tokens=0 must be >= 1"),
+        (["--input", "c a", "--beam-size", "3"], "error: --beam-size applies to --decode beam"),
+        (
+            ["--input", "c a", "--decode", "beam", "--top-p", "0.5"],
+            "error: --top-p applies to --decode sample",
+        ),
+    ],
+)
+def test_cli_refuses_bad_requests_in_one_line(workdir, capsys, args, message):
+    """README: empty inputs, special tokens, --max-new-tokens 0 and another --decode mode's
+    options are refused in one line (exit 2), and nothing is printed on stdout."""
+    assert main([str(workdir), *args]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith(message) and "\n" not in err
+    assert captured.out == ""
+
+
+def test_cli_warns_about_inputs_longer_than_trained(workdir, capsys):
+    """An input longer than any training source gets a one-line warning and still an answer."""
+    assert main([str(workdir), "--input", "a b c d e f", "--input", "c a"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        "warning: --input 'a b c d e f' has 6 symbols but the model was trained on at most 5 "
+        "(task reverse); its answer is unlikely to be right"
+    ]
+    assert [line.split(" -> ")[0] for line in captured.out.splitlines()] == ["a b c d e f", "c a"]
 
 
 def test_cli_strategies():

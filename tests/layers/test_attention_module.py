@@ -33,13 +33,34 @@ def test_module_matches_per_head_loop(num_kv_heads):
     assert params["key"]["kernel"].shape == (D, num_kv_heads, H)  # K/V heads only
 
 
+def _numpy_cross_attention(p, x, ctx):
+    """softmax(Q K^T / sqrt(H)) V per head, queries from ``x`` and keys/values from ``ctx``,
+    no mask, with the projections' biases; float64."""
+    N, H = p["query"]["kernel"].shape[1:]
+    q = np.einsum("td,dnh->nth", x, p["query"]["kernel"]) + p["query"]["bias"][:, None]
+    k = np.einsum("sd,dnh->nsh", ctx, p["key"]["kernel"]) + p["key"]["bias"][:, None]
+    v = np.einsum("sd,dnh->nsh", ctx, p["value"]["kernel"]) + p["value"]["bias"][:, None]
+    e = q @ k.transpose(0, 2, 1) / np.sqrt(H)  # [N, T, S]
+    a = np.exp(e - e.max(-1, keepdims=True))
+    heads = (a / a.sum(-1, keepdims=True)) @ v  # [N, T, H]
+    return np.einsum("nth,nhd->td", heads, p["out"]["kernel"]) + p["out"]["bias"]
+
+
 def test_cross_attention_uses_context():
+    """Cross-attention (queries from x, keys and values from a longer context, no mask)
+    matches a NumPy computation from the module's own params, for two different contexts."""
     D, N, H = 8, 2, 4
-    x = jnp.ones((1, 3, D))
-    ctx = jax.random.normal(jax.random.key(1), (1, 6, D))
-    module = MultiHeadAttention(D, N, N, H)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(1, 3, D)).astype(np.float32)
+    module = MultiHeadAttention(D, N, N, H, impl="reference")
     pos = jnp.arange(3)[None]
+    ctx = rng.normal(size=(1, 6, D)).astype(np.float32)
     params = module.init(jax.random.key(0), x, ctx, q_positions=pos)
-    a, _ = module.apply(params, x, ctx, q_positions=pos)
-    b, _ = module.apply(params, x, ctx * 2, q_positions=pos)
-    assert a.shape == (1, 3, D) and not np.allclose(a, b)
+    # biases start at zero: move every parameter so that the biases count too
+    params = jax.tree.map(lambda a: a + 0.1 * rng.normal(size=a.shape).astype(np.float32), params)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params["params"])
+    for context in (ctx, rng.normal(size=(1, 6, D)).astype(np.float32)):
+        out, _ = module.apply(params, x, context, q_positions=pos)
+        assert out.shape == (1, 3, D)
+        expected = _numpy_cross_attention(p, x[0].astype(np.float64), context[0])
+        np.testing.assert_allclose(out[0], expected, rtol=1e-5, atol=1e-5)

@@ -1,8 +1,11 @@
 """Full-size presets through jax.eval_shape (no memory), against closed-form parameter counts."""
 
+import math
+
+import jax
 import pytest
 
-from tfmjax.models import PRESETS, get_preset
+from tfmjax.models import PRESETS, build, get_preset
 from tfmjax.summary import count_params
 
 
@@ -45,13 +48,66 @@ def test_parameter_count_matches_closed_form(name):
     assert count_params(config) == closed_form(config)
 
 
-def test_known_sizes():
-    # Reference points: GPT-2 small has 124,439,808 parameters (tied, learned positions);
-    # MHA is exactly 4 d^2 without biases (Vaswani et al. 2017).
-    assert count_params(get_preset("gpt2-small")) == 124_439_808
-    assert mha(512, 8, 8, 64, bias=False) == 4 * 512**2
-    assert 60e6 < count_params(get_preset("vaswani-base")) < 66e6  # "65M" in the paper
-    assert 200e6 < count_params(get_preset("vaswani-big")) < 215e6  # "213M"
+def _tree_count(config) -> int:
+    """Parameters in the model's real param tree (``init`` through ``jax.eval_shape``)."""
+    model = build(config)
+    batch = model.dummy_batch(batch=1, length=8)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), batch)["params"]
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+
+
+def _gpt2_small() -> int:
+    V, D, L, F, T = 50257, 768, 12, 3072, 1024
+    embeddings = V * D + T * D  # tokens (tied with the output) + learned positions
+    attention = 4 * (D * D + D)  # W_Q, W_K, W_V, W_O with biases, 12 heads x 64
+    mlp = D * F + F + F * D + D
+    norms = 2 * (2 * D)  # two LayerNorms (scale, bias) per layer
+    return embeddings + L * (attention + mlp + norms) + 2 * D  # + the final LayerNorm
+
+
+def _vaswani(D, F) -> int:
+    V, L = 37000, 6  # shared source/target/output embedding, sinusoidal positions
+    attention = 4 * (D * D + D)
+    mlp = D * F + F + F * D + D
+    encoder_layer = attention + mlp + 2 * (2 * D)
+    decoder_layer = 2 * attention + mlp + 3 * (2 * D)  # self- and cross-attention
+    return V * D + L * encoder_layer + L * decoder_layer  # post-norm: no final norms
+
+
+def _llama_style() -> int:
+    V, D, L, F = 32000, 2048, 16, 5632
+    N, K, H = 32, 8, 64  # 32 query heads, 8 key/value heads, no biases
+    attention = D * N * H + 2 * D * K * H + N * H * D
+    mlp = 3 * D * F  # SwiGLU: gate, up, down
+    norms = 2 * D  # two RMSNorms (scale only) per layer
+    return 2 * V * D + L * (attention + mlp + norms) + D  # untied head, final RMSNorm
+
+
+def _bert_base() -> int:
+    # Published BERT-base: 109,482,240 with token-type embeddings (2 x 768), an embedding
+    # LayerNorm (2 x 768) and the pooler (768 x 768 + 768), none of which this family has.
+    V, D, L, F, T = 30522, 768, 12, 3072, 512
+    attention = 4 * (D * D + D)
+    mlp = D * F + F + F * D + D
+    return V * D + T * D + L * (attention + mlp + 2 * (2 * D))  # post-norm, tied
+
+
+@pytest.mark.parametrize(
+    "name, formula, expected",
+    [
+        ("gpt2-small", _gpt2_small, 124_439_808),  # the published GPT-2 small count
+        ("vaswani-base", lambda: _vaswani(512, 2048), 63_082_496),  # "65M" in the paper
+        ("vaswani-big", lambda: _vaswani(1024, 4096), 214_245_376),  # "213M"
+        ("llama-style", _llama_style, 852_559_872),
+        ("bert-base", _bert_base, 108_888_576),
+    ],
+)
+def test_known_sizes(name, formula, expected):
+    """Each full-size preset's real param tree has the count written out by hand from its
+    architecture (embeddings, per-layer attention, MLP and norms), not from this file's
+    closed form."""
+    assert formula() == expected
+    assert _tree_count(get_preset(name)) == expected
 
 
 def test_gqa_shrinks_key_value_projections():

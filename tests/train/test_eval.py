@@ -12,14 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tfmjax.checkpoint import load_for_inference
 from tfmjax.config import ModelConfig, from_dict
 from tfmjax.data import EOS_ID, PAD_ID, make_task
+from tfmjax.decode import BeamSearch, Greedy, TopK, generate
 from tfmjax.evaluate import evaluate_checkpoint, format_report
-from tfmjax.evaluator import Evaluator
+from tfmjax.evaluator import Evaluator, ids_to_text
 from tfmjax.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = make_task("reverse", num_symbols=5, max_len=5)
+HANG_S = 600  # a hang guard for the eval.py runs, not a speed limit
 
 
 def _teacher_forced_argmax(model, params, batch, family, predictions):
@@ -124,12 +127,30 @@ def trained(tmp_path_factory):
 
 
 def test_report_from_checkpoint_has_every_field(trained):
+    """A report of 10 length-split examples in batches of 4 (the last one cut to 2 rows): its
+    loss and token accuracy are the NumPy teacher-forced NLL and argmax accuracy of those 10
+    rows, from the checkpoint's params."""
     report = evaluate_checkpoint(
         trained / "checkpoints" / "4", split="length", num_examples=10, batch_size=4, num_rows=3
     )
     assert report["step"] == 4 and report["split"] == "length" and report["num_examples"] == 10
-    for key in ("loss", "perplexity", "token_accuracy", "exact_match"):
-        assert np.isfinite(report[key])
+    config, params, _ = load_for_inference(trained / "checkpoints" / "4")
+    evaluator = Evaluator(
+        from_dict(config).model, TASK, batch_size=4, num_examples=10, split="length"
+    )
+    nll = correct = tokens = 0.0
+    for batch, rows in zip(evaluator.batches, (4, 4, 2), strict=True):
+        logits = np.asarray(evaluator.model.apply(params, batch), np.float64)[:rows]
+        targets, mask = batch["tokens"][:rows], batch["loss_mask"][:rows]  # decoder-only
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        nll -= (np.take_along_axis(logp, targets[..., None], -1)[..., 0] * mask).sum()
+        correct += ((logits.argmax(-1) == targets) * mask).sum()
+        tokens += mask.sum()
+    assert report["loss"] == pytest.approx(nll / tokens, rel=1e-5)
+    assert report["token_accuracy"] == pytest.approx(correct / tokens, rel=1e-6)
+    hits = report["exact_match"] * 10  # a share of the 10 examples
+    assert 0 <= round(hits) <= 10 and hits == pytest.approx(round(hits), abs=1e-9)
     assert report["perplexity"] == pytest.approx(np.exp(report["loss"]))
     assert len(report["examples"]) == 3
     assert set(report["examples"][0]) == {"input", "prediction", "target", "correct"}
@@ -142,7 +163,7 @@ def _eval_cli(*args):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
 
 
@@ -178,19 +199,37 @@ def test_eval_cli_missing_checkpoint_exit_2(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
 
 
+def _decoded_texts(workdir, strategy, seed: int, n: int) -> list[str]:
+    """The first ``n`` eval answers of the checkpoint, decoded by a direct ``generate`` call
+    (batch 0's key is ``fold_in(key(seed), 0)``, as the Evaluator documents)."""
+    config, params, _ = load_for_inference(workdir)
+    evaluator = Evaluator(from_dict(config).model, TASK, batch_size=8, num_examples=n)
+    rng = jax.random.fold_in(jax.random.key(seed), 0)
+    out = generate(
+        evaluator.model, params, evaluator.prompts[0], strategy, evaluator.max_new_tokens, rng=rng
+    )
+    return [ids_to_text(TASK.vocab, row) for row in np.asarray(out.tokens)[:n]]
+
+
 @pytest.mark.parametrize(
-    "flags, decode",
+    "flags, strategy, seed",
     [
-        (("--decode", "beam", "--beam-size", "3"), "BeamSearch(beam_size=3, alpha=0.6)"),
-        (("--decode", "sample", "--top-k", "2", "--seed", "1"), "TopK(k=2, temperature=1.0)"),
+        (("--decode", "beam", "--beam-size", "3"), BeamSearch(3, alpha=0.6), 0),
+        (("--decode", "sample", "--top-k", "2", "--seed", "1"), TopK(2), 1),
     ],
 )
-def test_eval_cli_decode_strategies(trained, tmp_path, flags, decode):
+def test_eval_cli_decode_strategies(trained, tmp_path, flags, strategy, seed):
+    """eval.py --decode beam / sample decodes with that strategy: the report names it, and its
+    answers are a direct ``generate`` call's with the same strategy (and seed), which differ
+    from the greedy answers on these examples (so a greedy report could not pass)."""
     out = tmp_path / "report.json"
-    proc = _eval_cli(trained, "--num-examples", 4, "--out", out, *flags)
+    proc = _eval_cli(trained, "--num-examples", 8, "--rows", 8, "--out", out, *flags)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
-    assert report["decode"] == decode and 0.0 <= report["exact_match"] <= 1.0
+    assert report["decode"] == repr(strategy) and 0.0 <= report["exact_match"] <= 1.0
+    predictions = [row["prediction"] for row in report["examples"]]
+    assert predictions == _decoded_texts(trained, strategy, seed, 8)
+    assert predictions != _decoded_texts(trained, Greedy(), seed, 8)
 
 
 def test_eval_cli_bad_decode_options_exit_2(trained):
@@ -214,7 +253,7 @@ def test_eval_cli_relative_workdir(trained):
         cwd=trained.parent,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stderr

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tfmjax.checkpoint import load_for_inference, params_hash
 from tfmjax.config import ConfigError, from_dict
+from tfmjax.models import InputError
 from tfmjax.train.loop import NonFiniteLossError, train
 from tfmjax.train.metrics_log import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
+HANG_S = 600  # only against hangs: the CLI tests wait for events, never for a time
 
 
 def tiny_experiment(workdir, *, family="encoder_decoder", task="copy", steps=20, **train_kw):
@@ -95,13 +98,9 @@ def test_vocab_too_small_names_both_sizes(tmp_path):
 
 
 def _cli(*args, **kw):
+    kw = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kw}
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        **kw,
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, text=True, **kw
     )
 
 
@@ -119,26 +118,96 @@ def _write_config(tmp_path, **train_kw) -> Path:
     return path
 
 
+def _wait_for(condition, proc, what: str):
+    """Poll ``condition()`` until it is true; fail if the process ends first or it hangs."""
+    deadline = time.monotonic() + HANG_S
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"train.py exited {proc.returncode} before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {HANG_S}s: hung")
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_zero(tmp_path):
+    """SIGTERM sent once the first log record (step 10) is on disk, however long that took:
+    the run saves the step it is on, says which, and exits 0."""
     config = _write_config(tmp_path, steps=100_000, checkpoint_every=100_000, eval_every=100_000)
-    proc = _cli(str(config), "--progress", "lines")
     metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while not read_records(metrics) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    assert "SIGTERM: saved step" in out
+    out_file, err_file = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with out_file.open("w") as out, err_file.open("w") as err:  # files: a pipe could fill up
+        proc = _cli(str(config), "--progress", "lines", stdout=out, stderr=err)
+        try:
+            _wait_for(lambda: read_records(metrics), proc, "the first log record")
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=HANG_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out, err = out_file.read_text(), err_file.read_text()
+    assert code == 0, err
     steps = [int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()]
     assert len(steps) == 1 and 10 <= steps[0] < 100_000
+    assert f"SIGTERM: saved step {steps[0]}; stopping" in out
+    assert read_records(metrics)[0]["step"] == 10
 
 
 def test_bad_config_is_one_line_and_exit_2(tmp_path):
+    """train.py with an invalid override: exit 2 and one stderr line naming key and value."""
     config = _write_config(tmp_path)
     proc = _cli(str(config), "model.dropout_rate=1.5")
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 2
     assert err.strip().count("\n") == 0 and "Traceback" not in err
     assert "model.dropout_rate=1.5" in err
+
+
+def test_every_training_batch_is_checked(tmp_path, monkeypatch):
+    """The loop runs check_batch on every batch, not only on the first: an id outside the
+    vocabulary in batch 3 stops the run with a one-line InputError before that step runs."""
+    import tfmjax.train.loop as loop
+
+    real_make_batch = loop.make_batch
+
+    def make_batch(task, **kw):
+        batch = real_make_batch(task, **kw)
+        if kw["step"] == 3:
+            batch = dict(batch, inputs=batch["inputs"].copy())
+            batch["inputs"][0, 0] = 16  # model.vocab_size: one past the last id
+        return batch
+
+    monkeypatch.setattr(loop, "make_batch", make_batch)
+    done = []
+    with pytest.raises(InputError, match=r"inputs has token id 16 at index \[0, 0\]") as info:
+        quiet(tiny_experiment(tmp_path), on_step=done.append)
+    assert "\n" not in str(info.value)
+    assert done == [1, 2, 3]  # steps 1-3 ran on good batches; step 4 never ran
+
+
+def _checkpoint_steps(workdir: Path) -> list[int]:
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+@pytest.mark.slow
+def test_cli_non_finite_loss_exits_1_and_keeps_the_last_checkpoint(tmp_path):
+    """train.py, resumed at step 20 with a learning rate that blows up: one line on stderr,
+    exit 1, checkpoint 20 (the last good one) still holds the same params, nothing newer is
+    saved and no record past step 20 is written."""
+    workdir = tmp_path / "run"
+    quiet(tiny_experiment(workdir, checkpoint_every=10), plot=False)  # 20 good steps
+    assert _checkpoint_steps(workdir) == [10, 20]
+    _, before, _ = load_for_inference(workdir / "checkpoints" / "20")
+    config = _write_config(tmp_path, checkpoint_every=10)  # the same config as a TOML file
+    overrides = ["train.steps=40", "optim.learning_rate=1e30"]
+    proc = _cli(str(config), *overrides, "--override-config", "--progress", "lines")
+    out, err = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == 1, err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err
+    assert "non-finite loss or gradient at step" in err
+    assert "the last checkpoint (step 20) is untouched" in err
+    assert _checkpoint_steps(workdir) == [10, 20]
+    _, after, _ = load_for_inference(workdir / "checkpoints" / "20")
+    assert params_hash(after) == params_hash(before)
+    assert max(r["step"] for r in read_records(workdir / "metrics.jsonl")) == 20

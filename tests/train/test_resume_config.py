@@ -17,6 +17,7 @@ from tfmjax.train.loop import train
 from tfmjax.train.metrics_log import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
+HANG_S = 600  # a hang guard for the CLI runs, not a speed limit
 RAW = {
     "model": {"family": "decoder_only", "vocab_size": 16, "d_model": 16, "num_heads": 2,
               "d_ff": 32, "num_layers": 1},
@@ -89,8 +90,8 @@ def test_override_continues_and_records_the_new_config(finished):
     run(dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=8)))  # no refusal now
 
 
-@pytest.mark.slow
-def test_cli_refuses_in_one_line_then_override_flag_continues(finished):
+def _toml(finished) -> Path:
+    """RAW as a TOML file (the workdir is given on the command line)."""
     config = finished / "resume.toml"
     config.write_text(
         "\n".join(f"[{s}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in vals.items()
@@ -98,13 +99,40 @@ def test_cli_refuses_in_one_line_then_override_flag_continues(finished):
                   for s, vals in RAW.items())
         + '\n[data.task_params]\nnum_symbols = 5\nmax_len = 4\n'
     )  # fmt: skip
-    cmd = [sys.executable, str(ROOT / "train.py"), str(config), f"train.workdir={finished}",
-           "optim.learning_rate=0.001", "train.steps=6", "--progress", "lines"]  # fmt: skip
+    return config
+
+
+def _train_cli(*args) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    cmd = [sys.executable, str(ROOT / "train.py"), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=env)
+
+
+def test_cli_refuses_a_different_model_config_in_one_line(finished):
+    """train.py into a workdir whose run has another model (d_ff 32 there, 64 now): exit 2,
+    one line naming the change and both ways out, and the checkpoint's config unchanged."""
+    before = load_config(finished)
+    refused = _train_cli(
+        _toml(finished), f"train.workdir={finished}", "model.d_ff=64", "--progress", "lines"
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().count("\n") == 0 and "Traceback" not in refused.stderr
+    assert "holds a run (step 4) with a different config" in refused.stderr
+    assert "model.d_ff 32 -> 64" in refused.stderr
+    assert "train.workdir=NEW_DIR" in refused.stderr and "--override-config" in refused.stderr
+    assert load_config(finished) == before
+
+
+@pytest.mark.slow
+def test_cli_refuses_in_one_line_then_override_flag_continues(finished):
+    """An optim change through train.py: refused (exit 2, one line), then continued with
+    --override-config to the new train.steps."""
+    config = _toml(finished)
+    args = [config, f"train.workdir={finished}", "optim.learning_rate=0.001", "train.steps=6",
+            "--progress", "lines"]  # fmt: skip
+    refused = _train_cli(*args)
     assert refused.returncode == 2
     assert refused.stderr.strip().count("\n") == 0 and "--override-config" in refused.stderr
-    ok = subprocess.run(cmd + ["--override-config"], capture_output=True, text=True,
-                        timeout=300, env=env)  # fmt: skip
+    ok = _train_cli(*args, "--override-config")
     assert ok.returncode == 0, ok.stderr
     assert "done: step 6" in ok.stdout
