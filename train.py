@@ -63,7 +63,7 @@ def _main(argv, first: _FirstSignals) -> int:
         help="resume even though the config differs from the checkpoint's in more than the "
         "resumable keys (train.steps, intervals, ...); the new config is recorded",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
 
     from tfmjax.checkpoint import CheckpointError
     from tfmjax.config import ConfigError, load

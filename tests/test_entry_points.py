@@ -71,3 +71,14 @@ def test_a_directory_is_not_a_config(tmp_path):
 
     with pytest.raises(ConfigError, match="is a directory; pass a TOML file"):
         load(tmp_path)
+
+
+def test_train_takes_overrides_after_options(capsys):
+    """``train.py CONFIG --progress lines key=value``: the override after an option is read
+    (here a bad one, refused in one line with exit 2 before anything trains)."""
+    main = _script("train").main
+    code = main(
+        [str(ROOT / "configs/reverse.toml"), "--progress", "lines", "model.activation=swish"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "model.activation='swish' is invalid" in err and "unrecognized" not in err

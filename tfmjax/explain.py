@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("config", nargs="?", help="experiment TOML (default: the defaults)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         experiment = load(args.config, args.overrides) if args.config else Experiment()
     except ConfigError as err:

@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("config", help="experiment TOML, e.g. configs/reverse.toml")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. model.d_model=128")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         experiment = load(args.config, args.overrides)
     except ConfigError as err:
