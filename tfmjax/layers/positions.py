@@ -80,9 +80,9 @@ class RelativePositionBias(nn.Module):
     """T5-style learned scalar bias per head and bucket: returns ``[1, N, T, S]``."""
 
     num_heads: int
-    num_buckets: int = 32
-    max_distance: int = 128
-    bidirectional: bool = True
+    num_buckets: int  # T5: 32
+    max_distance: int  # T5: 128
+    bidirectional: bool  # True in an encoder, False in a decoder
 
     @nn.compact
     def __call__(self, q_pos, kv_pos):
