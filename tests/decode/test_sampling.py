@@ -185,3 +185,16 @@ def test_strategies_accept_their_boundaries():
 
     assert TopP(p=1.0).p == 1.0 and TopK(k=1).k == 1
     assert BeamSearch(beam_size=1, alpha=0).beam_size == 1
+
+
+def test_nucleus_breaks_ties_by_lowest_id():
+    """1000 equally likely tokens and p = 0.25: exactly ids 0..249 are kept (an unstable
+    sort would keep some other quarter)."""
+    keep = np.asarray(nucleus_mask(jnp.zeros((2, 1000)), 0.25))
+    np.testing.assert_array_equal(keep, np.arange(1000)[None].repeat(2, 0) < 250)
+
+
+def test_strategy_defaults():
+    """Sampling is at temperature 1 unless asked; beam search keeps 4 with GNMT's alpha 0.6."""
+    assert Temperature().temperature == TopK(k=2).temperature == TopP(p=0.5).temperature == 1.0
+    assert BeamSearch() == BeamSearch(beam_size=4, alpha=0.6)

@@ -217,3 +217,24 @@ def test_block_sizes_are_frozen_and_backward_falls_back():
     assert hash(sizes) == hash(blockwise.BlockSizes(8, 16, 2, None))
     back = sizes.backward()
     assert (back.block_q, back.block_k) == (2, 16)
+
+
+def test_floor_div_matches_python_floor_division():
+    """The Pallas-safe ``x // d`` rounds down for negative x and exact multiples too."""
+    x = np.arange(-40, 41, dtype=np.int32)
+    for d in (1, 2, 3, 8):
+        got = np.asarray(blockwise._floor_div(jnp.asarray(x), d))
+        np.testing.assert_array_equal(got, x // d, err_msg=f"d={d}")
+
+
+def test_geometry_uses_as_few_blocks_as_cover_the_sequence():
+    """ceil(T / block) blocks of min(block, T) rows: a ragged last block, no spare ones.
+    Geometry and its statics are hashable values (jit and custom_vjp key on them)."""
+    sizes = blockwise.BlockSizes()
+    for T, S, bq, bk, nq, nk in [(9, 16, 4, 8, 3, 2), (8, 5, 4, 8, 2, 1), (1, 7, 4, 2, 1, 4)]:
+        st = blockwise._Static(
+            causal=False, window=None, scale=1.0, q_len=T, kv_len=S, blocks=sizes
+        )
+        geo = blockwise._Geometry.make(st, bq, bk, K=2, G=1)
+        assert hash(geo) == hash(blockwise._Geometry.make(st, bq, bk, K=2, G=1))  # static args
+        assert (geo.bq, geo.bk, geo.nq, geo.nk) == (min(bq, T), min(bk, S), nq, nk)
