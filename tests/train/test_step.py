@@ -195,3 +195,29 @@ def test_bfloat16_compute_keeps_float32_params():
     assert loss != pytest.approx(loss32, rel=1e-5)  # bf16 compute: not the float32 NLL ...
     assert loss == pytest.approx(loss32, rel=2e-2)  # ... but within bf16 rounding of it
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
+def test_sgd_step_follows_the_mean_token_gradient(family):
+    """With plain SGD, one step moves the params by ``-lr * grad(mean NLL per scored token)``
+    and reports that gradient's global norm. The loss is written here from the formula
+    (log-softmax, picked target, masked mean), not taken from ``tfmjax.losses``."""
+    cfg, lr = tiny(family), 0.5
+    model = build(cfg)
+    batch = make_batch(TASK, batch_format=model.batch_format, batch_size=8, seed=0, step=0)
+    schedule = optax.constant_schedule(lr)
+    state = create_state(model, optax.sgd(lr), batch, seed=0)
+    targets, mask = (jnp.asarray(a) for a in _scored(batch))
+
+    def mean_nll(params):
+        logp = jax.nn.log_softmax(model.apply(params, batch), axis=-1)
+        picked = jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), -1)[..., 0]
+        return -(picked * mask).sum() / mask.sum()
+
+    grads = jax.grad(mean_nll)(state.params)
+    want = jax.tree.map(lambda p, g: p - lr * g, state.params, grads)
+    step = jit_train_step(make_train_step(build(cfg, deterministic=False), optax.sgd(lr), schedule))
+    new, metrics = step(fresh(state), batch)
+    for got, expected in zip(jax.tree.leaves(new.params), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-6)
+    assert float(metrics["grad_norm"]) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-5)
