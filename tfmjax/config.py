@@ -22,7 +22,8 @@ FAMILIES = ("encoder_decoder", "decoder_only", "encoder_only")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative", "none")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
+PAIR_LAYOUTS = ("interleaved", "half_split")  # model.rope_layout, model.sinusoidal_layout
 ATTENTION_IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
@@ -83,12 +84,16 @@ class ModelConfig:
     num_heads: int = 4
     num_kv_heads: int | None = None
     head_dim: int | None = None
+    scale_attention: bool = True
     d_ff: int = 256
     num_layers: int = 2
     num_decoder_layers: int | None = None
     max_len: int = 256
     position: str = "sinusoidal"
+    sinusoidal_layout: str = "interleaved"
+    position_offset: int = 0
     rope_base: float = 10000.0
+    rope_layout: str = "interleaved"
     relative_buckets: int = 32
     relative_max_distance: int = 128
     norm: str = "layernorm"
@@ -96,8 +101,16 @@ class ModelConfig:
     norm_eps: float = 1e-5
     activation: str = "relu"
     use_bias: bool = True
+    attention_bias: bool | None = None
+    mlp_bias: bool | None = None
     tie_embeddings: bool = True
+    scale_tied_output: bool = False
     scale_embeddings: bool = False
+    type_vocab_size: int = 0
+    embed_norm: bool = False
+    per_side_embeddings: bool = False
+    mlm_head: bool = False
+    output_bias: bool = False
     dropout_rate: float = 0.0
     window: int | None = None
     attention_impl: str = "auto"
@@ -113,6 +126,8 @@ class ModelConfig:
         _one_of("model.norm", self.norm, NORMS)
         _one_of("model.norm_position", self.norm_position, NORM_POSITIONS)
         _one_of("model.activation", self.activation, ACTIVATIONS)
+        _one_of("model.rope_layout", self.rope_layout, PAIR_LAYOUTS)
+        _one_of("model.sinusoidal_layout", self.sinusoidal_layout, PAIR_LAYOUTS)
         _one_of("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _one_of("model.dtype", self.dtype, DTYPES)
         _positive(
@@ -161,6 +176,27 @@ class ModelConfig:
                 "model.position='relative': use 'auto', 'xla' or 'reference'",
             )
         _require(
+            self.type_vocab_size >= 0, "model.type_vocab_size", self.type_vocab_size, "must be >= 0"
+        )
+        _require(
+            self.position_offset >= 0, "model.position_offset", self.position_offset, "must be >= 0"
+        )
+        if self.per_side_embeddings:
+            _require(
+                self.family == "encoder_decoder",
+                "model.per_side_embeddings",
+                True,
+                "only encoder_decoder models have two sides",
+            )
+        if self.mlm_head:
+            _require(
+                self.activation in ("relu", "gelu", "gelu_tanh", "silu"),
+                "model.mlm_head",
+                self.mlm_head,
+                f"needs a non-gated model.activation (relu, gelu, gelu_tanh, silu), "
+                f"not {self.activation!r}",
+            )
+        _require(
             0.0 <= self.dropout_rate < 1.0,
             "model.dropout_rate",
             self.dropout_rate,
@@ -189,6 +225,14 @@ class ModelConfig:
     @property
     def head_width(self) -> int:
         return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def attention_uses_bias(self) -> bool:
+        return self.use_bias if self.attention_bias is None else self.attention_bias
+
+    @property
+    def mlp_uses_bias(self) -> bool:
+        return self.use_bias if self.mlp_bias is None else self.mlp_bias
 
     @property
     def decoder_layers(self) -> int:
@@ -256,6 +300,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     best_metric: str = "exact_match"
     tensorboard: bool = False
+    init_from: str = ""
 
     def __post_init__(self):
         _check_types("train", self)

@@ -87,11 +87,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("workdir", help="training workdir (or its checkpoints dir, or one step)")
-    parser.add_argument(
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument(
         "--input",
         action="append",
-        required=True,
         help='space-separated task symbols, e.g. "c a b" (repeatable)',
+    )
+    given.add_argument(
+        "--ids",
+        action="append",
+        help='space-separated token ids, continued as they are, e.g. "464 3290" (repeatable; '
+        "for models without the task's vocabulary, such as imported Hugging Face ones)",
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -148,6 +154,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         strategy = strategy_from_args(args)
         experiment, params = load(args.workdir)
+        if args.ids:
+            return _generate_ids(experiment.model, params, args, strategy)
         task = make_task(experiment.data.task, **experiment.data.task_params)
         max_new = args.max_new_tokens or task.max_target_len("eval") + 1
         for line in check_trained_length(task, args.input):
@@ -160,6 +168,31 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     for text, answer in zip(args.input, answers, strict=True):
         print(f"{text} -> {answer}")
+    return 0
+
+
+def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
+    """``--ids``: continue each id list by ``--max-new-tokens`` (default 16) ids, no EOS stop."""
+    from tfmjax.decode import generate
+    from tfmjax.models import build
+
+    try:
+        prompts = [[int(t) for t in text.split()] for text in args.ids]
+    except ValueError:
+        raise ValueError(f"--ids {args.ids!r} must be space-separated integers") from None
+    if not all(prompts):
+        raise ValueError('--ids is empty: give space-separated token ids, e.g. "464 3290"')
+    out = generate(
+        build(model_config),
+        params,
+        prompts,
+        strategy,
+        args.max_new_tokens or 16,
+        rng=args.seed,
+        eos_id=None,
+    )
+    for text, row in zip(args.ids, out.tokens.tolist(), strict=True):
+        print(f"{text} -> {' '.join(map(str, row))}")
     return 0
 
 

@@ -53,7 +53,9 @@ class MultiHeadAttention(nn.Module):
     head_dim: int
     use_bias: bool = True
     rope_base: float | None = None  # None: no RoPE
+    rope_layout: str = "interleaved"  # or "half_split" (see apply_rope)
     window: int | None = None
+    scale: float | None = None  # of the attention logits; None: 1/sqrt(head_dim)
     impl: str = "auto"
     dtype: jnp.dtype = jnp.float32
 
@@ -94,8 +96,9 @@ class MultiHeadAttention(nn.Module):
         q = self.query(x)
         k, v = self.project_kv(x if context is None else context) if kv is None else kv
         if self.rope_base is not None:
-            q = apply_rope(q, q_positions, self.rope_base)
-            k = apply_rope(k, q_positions if kv_positions is None else kv_positions, self.rope_base)
+            q = apply_rope(q, q_positions, self.rope_base, self.rope_layout)
+            k_positions = q_positions if kv_positions is None else kv_positions
+            k = apply_rope(k, k_positions, self.rope_base, self.rope_layout)
         q_offset = 0
         if cache is not None:
             q_offset = cache["index"]
@@ -113,6 +116,7 @@ class MultiHeadAttention(nn.Module):
             alibi_slopes=alibi_slopes,
             bias=bias,
             q_offset=q_offset,
+            scale=self.scale,
             impl=self.impl,
         )
         return self.out(out), cache

@@ -42,10 +42,13 @@ class BlockConfig(NamedTuple):
     norm: str = "layernorm"
     norm_position: str = "pre"
     norm_eps: float = 1e-5
-    use_bias: bool = True
+    use_bias: bool = True  # attention projections
+    mlp_bias: bool = True
     dropout_rate: float = 0.0
     rope_base: float | None = None
+    rope_layout: str = "interleaved"
     window: int | None = None
+    attention_scale: float | None = None  # None: 1/sqrt(head_dim)
     attention_impl: str = "auto"
     dtype: Any = jnp.float32
 
@@ -74,7 +77,9 @@ class _Block(nn.Module):
             c.head_dim,
             use_bias=c.use_bias,
             rope_base=c.rope_base if rope else None,
+            rope_layout=c.rope_layout,
             window=c.window if window else None,
+            scale=c.attention_scale,
             impl=c.attention_impl,
             dtype=c.dtype,
             name=name,
@@ -93,7 +98,7 @@ class _Block(nn.Module):
 
     def _feed_forward(self, x):
         c = self.cfg
-        ff = FeedForward(c.d_ff, c.activation, c.use_bias, c.dropout_rate, c.dtype, name="mlp")
+        ff = FeedForward(c.d_ff, c.activation, c.mlp_bias, c.dropout_rate, c.dtype, name="mlp")
         x, _ = self._sublayer(x, lambda h: (ff(h, deterministic=self.deterministic), None), "mlp")
         return x
 

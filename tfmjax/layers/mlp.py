@@ -1,5 +1,5 @@
-"""Position-wise feed-forward networks: ReLU, GELU (Vaswani et al. 2017), and the GLU
-variants SwiGLU, GEGLU (Shazeer 2020)."""
+"""Position-wise feed-forward networks: ReLU, GELU (Vaswani et al. 2017; exact, or the tanh
+approximation of GPT-2 as ``gelu_tanh``), and the GLU variants SwiGLU, GEGLU (Shazeer 2020)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-GATED = {"swiglu": jax.nn.silu, "geglu": lambda x: jax.nn.gelu(x, approximate=False)}
-PLAIN = {"relu": jax.nn.relu, "gelu": lambda x: jax.nn.gelu(x, approximate=False)}
+GATED = {
+    "swiglu": jax.nn.silu,
+    "geglu": lambda x: jax.nn.gelu(x, approximate=False),
+    "geglu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # T5 v1.1's gated-gelu
+}
+PLAIN = {
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "silu": jax.nn.silu,
+}
 
 
 class FeedForward(nn.Module):

@@ -10,16 +10,22 @@ import numpy as np
 from tfmjax.kernels.masks import alibi_slopes  # noqa: F401  (re-exported: one definition)
 
 
-def sinusoidal(positions, d_model: int, base: float = 10000.0):
-    """``PE[pos, 2i] = sin(pos w_i)``, ``PE[pos, 2i+1] = cos(pos w_i)``, ``w_i = base^(-2i/D)``.
+def sinusoidal(positions, d_model: int, base: float = 10000.0, layout: str = "interleaved"):
+    """``PE[pos, 2i] = sin(pos w_i)``, ``PE[pos, 2i+1] = cos(pos w_i)``, ``w_i = base^(-2i/D)``
+    (Vaswani et al. 2017); ``layout="half_split"``: all sines, then all cosines (Marian).
 
-    ``positions [..., T]`` (int) -> ``[..., T, D]`` float32 (Vaswani et al. 2017).
+    ``positions [..., T]`` (int) -> ``[..., T, D]`` float32.
     """
     i = jnp.arange(d_model // 2, dtype=jnp.float32)
     omega = base ** (-2.0 * i / d_model)
     angles = positions[..., None].astype(jnp.float32) * omega.reshape((1,) * positions.ndim + (-1,))
-    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., T, D/2, 2]
-    pe = pe.reshape(*angles.shape[:-1], 2 * (d_model // 2))
+    if layout == "half_split":
+        pe = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    elif layout == "interleaved":
+        pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., T, D/2, 2]
+        pe = pe.reshape(*angles.shape[:-1], 2 * (d_model // 2))
+    else:
+        raise ValueError(f"sinusoidal layout={layout!r} is not one of interleaved, half_split")
     if d_model % 2:
         pe = jnp.concatenate([pe, jnp.zeros((*pe.shape[:-1], 1), pe.dtype)], axis=-1)
     return pe
@@ -39,9 +45,11 @@ class LearnedPositions(nn.Module):
         return jnp.take(table, positions, axis=0)
 
 
-def apply_rope(x, positions, base: float = 10000.0):
-    """Rotate pairs ``(x[2i], x[2i+1])`` by ``pos * base^(-2i/H)`` (RoPE, Su et al. 2021).
+def apply_rope(x, positions, base: float = 10000.0, layout: str = "interleaved"):
+    """Rotate feature pairs of ``x`` by ``pos * base^(-2i/H)`` (RoPE, Su et al. 2021).
 
+    ``layout="interleaved"``: pair ``i`` is ``(x[2i], x[2i+1])``; ``"half_split"``: pair ``i`` is
+    ``(x[i], x[i + H/2])`` (``rotate_half``, the Hugging Face layout).
     ``x [B,T,N,H]``, ``positions [B,T]`` -> ``[B,T,N,H]`` in x's dtype.
     """
     H = x.shape[-1]
@@ -50,7 +58,13 @@ def apply_rope(x, positions, base: float = 10000.0):
         positions.astype(jnp.float32)[:, :, None, None] * theta[None, None, None]
     )  # [B,T,1,H/2]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
-    pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], H // 2, 2)
+    xf = x.astype(jnp.float32)
+    if layout == "half_split":
+        x0, x1 = xf[..., : H // 2], xf[..., H // 2 :]
+        return jnp.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).astype(x.dtype)
+    if layout != "interleaved":
+        raise ValueError(f"rope layout={layout!r} is not one of interleaved, half_split")
+    pairs = xf.reshape(*x.shape[:-1], H // 2, 2)
     x0, x1 = pairs[..., 0], pairs[..., 1]
     rotated = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
     return rotated.reshape(x.shape).astype(x.dtype)

@@ -10,6 +10,7 @@ from tfmjax.config import DTYPES as config_dtypes
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockConfig
 from tfmjax.layers.embeddings import TokenEmbedding
+from tfmjax.layers.mlp import PLAIN
 from tfmjax.layers.norms import make_norm
 from tfmjax.layers.positions import LearnedPositions, RelativePositionBias, alibi_slopes, sinusoidal
 from tfmjax.layers.stack import LayerStack
@@ -29,10 +30,13 @@ def block_config(cfg: ModelConfig) -> BlockConfig:
         norm=cfg.norm,
         norm_position=cfg.norm_position,
         norm_eps=cfg.norm_eps,
-        use_bias=cfg.use_bias,
+        use_bias=cfg.attention_uses_bias,
+        mlp_bias=cfg.mlp_uses_bias,
         dropout_rate=cfg.dropout_rate,
         rope_base=cfg.rope_base if cfg.position == "rope" else None,
+        rope_layout=cfg.rope_layout,
         window=cfg.window,
+        attention_scale=None if cfg.scale_attention else 1.0,
         attention_impl=cfg.attention_impl,
         dtype=DTYPES[cfg.dtype],
     )
@@ -80,7 +84,12 @@ def padding_segments(tokens):
 
 
 class Embedder(nn.Module):
-    """Token embedding (optionally x sqrt(D)) + absolute positions, dropout. ``[B,T,D]``."""
+    """Token embedding (optionally x sqrt(D)) + absolute positions (+ token types), an
+    optional norm, dropout. ``[B,T,D]``.
+
+    ``side="decoder"`` with ``model.per_side_embeddings``: the decoder's own position table
+    and norm (the token table is always shared).
+    """
 
     cfg: ModelConfig
 
@@ -89,19 +98,35 @@ class Embedder(nn.Module):
         self.tokens = TokenEmbedding(
             cfg.vocab_size, cfg.d_model, DTYPES[cfg.dtype], name="token_embed"
         )
+        rows = cfg.max_len + cfg.position_offset
+        sides = ("", "decoder_") if cfg.per_side_embeddings else ("",)
         if cfg.position == "learned":
-            self.learned = LearnedPositions(cfg.max_len, cfg.d_model, name="pos_embed")
+            self.learned = [
+                LearnedPositions(rows, cfg.d_model, name=f"{s}pos_embed") for s in sides
+            ]
+        if cfg.type_vocab_size:
+            self.types = nn.Embed(cfg.type_vocab_size, cfg.d_model, name="type_embed")
+        if cfg.embed_norm:
+            self.norms = [make_norm(cfg.norm, cfg.norm_eps, name=f"{s}embed_norm") for s in sides]
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
-    def __call__(self, ids, positions, *, deterministic: bool):
+    def __call__(self, ids, positions, *, deterministic: bool, token_types=None, side="encoder"):
+        """``ids, positions [B,T]``; ``token_types [B,T]`` (default 0) if ``type_vocab_size``."""
         cfg = self.cfg
+        own = int(cfg.per_side_embeddings and side == "decoder")
         x = self.tokens(ids)
         if cfg.scale_embeddings:
             x = x * jnp.sqrt(float(cfg.d_model)).astype(x.dtype)
         if cfg.position == "sinusoidal":
-            x = x + sinusoidal(positions, cfg.d_model).astype(x.dtype)
+            pe = sinusoidal(positions, cfg.d_model, layout=cfg.sinusoidal_layout)
+            x = x + pe.astype(x.dtype)
         elif cfg.position == "learned":
-            x = x + self.learned(positions).astype(x.dtype)
+            x = x + self.learned[own](positions + cfg.position_offset).astype(x.dtype)
+        if cfg.type_vocab_size:
+            types = jnp.zeros_like(ids) if token_types is None else token_types
+            x = x + self.types(types).astype(x.dtype)
+        if cfg.embed_norm:
+            x = self.norms[own](x)
         return self.dropout(x, deterministic=deterministic)
 
     def attend(self, x):
@@ -109,20 +134,31 @@ class Embedder(nn.Module):
 
 
 class OutputHead(nn.Module):
-    """Final norm (pre-norm models) and the projection to logits ``[B,T,V]`` (float32)."""
+    """Final norm (pre-norm models), the optional masked-LM transform, the projection to
+    logits ``[B,T,V]`` (float32) and the optional logit bias."""
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x, embedder: Embedder):
         cfg = self.cfg
+        dtype = DTYPES[cfg.dtype]
         if cfg.norm_position == "pre":
             x = make_norm(cfg.norm, cfg.norm_eps, name="final_norm")(x)
+        if cfg.mlm_head:
+            x = PLAIN[cfg.activation](nn.Dense(cfg.d_model, dtype=dtype, name="mlm_dense")(x))
+            x = make_norm(cfg.norm, cfg.norm_eps, name="mlm_norm")(x)
         if cfg.tie_embeddings:
-            return embedder.attend(x)
-        return nn.Dense(cfg.vocab_size, use_bias=False, dtype=DTYPES[cfg.dtype], name="lm_head")(
-            x
-        ).astype(jnp.float32)
+            if cfg.scale_tied_output:
+                x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
+            logits = embedder.attend(x)
+        else:
+            head = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, name="lm_head")
+            logits = head(x).astype(jnp.float32)
+        if cfg.output_bias:
+            bias = self.param("output_bias", nn.initializers.zeros, (cfg.vocab_size,))
+            logits = logits + bias.reshape(1, 1, -1)
+        return logits
 
 
 class PositionExtras(nn.Module):

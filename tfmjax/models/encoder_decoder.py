@@ -102,7 +102,7 @@ class EncoderDecoder(Family, nn.Module):
         offset = 0 if cache is None else first["index"]
         kv_len = T if cache is None else first["k"].shape[2]
         slopes, bias = self.decoder_extras(T, kv_len, offset)
-        x = self.embedder(input_ids, positions, deterministic=self.deterministic)
+        x = self.embedder(input_ids, positions, deterministic=self.deterministic, side="decoder")
         inputs = BlockInputs(
             positions,
             segment_ids,

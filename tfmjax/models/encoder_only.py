@@ -1,7 +1,8 @@
 """Encoder-only transformer with a masked-LM head (BERT family; Devlin et al. 2019).
 
 ``model.apply(params, {"tokens": [B,T]})`` returns logits ``[B,T,V]`` at every position
-(bidirectional, no shift). Optional ``segment_ids [B,T]`` and ``positions [B,T]``.
+(bidirectional, no shift). Optional ``segment_ids [B,T]``, ``positions [B,T]`` and, with
+``model.type_vocab_size``, ``token_types [B,T]`` (BERT's segment A/B ids; default 0).
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ class EncoderOnly(Family, nn.Module):
         segment_ids = batch.get("segment_ids", padding_segments(tokens))
         positions = batch.get("positions", segment_positions(segment_ids))
         slopes, bias = self.extras(tokens.shape[1], tokens.shape[1])
-        x = self.embedder(tokens, positions, deterministic=self.deterministic)
+        x = self.embedder(
+            tokens,
+            positions,
+            deterministic=self.deterministic,
+            token_types=batch.get("token_types"),
+        )
         x, _ = self.stack(x, None, BlockInputs(positions, segment_ids, slopes, bias))
         return self.head(x, self.embedder)
 

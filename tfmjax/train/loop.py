@@ -42,7 +42,13 @@ from tfmjax.train.metrics_log import Console, MetricsLog
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.resume import check_resume
 from tfmjax.train.schedules import make_schedule
-from tfmjax.train.state import abstract_state, count_params, create_state, reset_window
+from tfmjax.train.state import (
+    abstract_state,
+    count_params,
+    create_state,
+    reset_window,
+    with_params_from,
+)
 from tfmjax.train.step import jit_train_step, make_train_step, window_means
 
 
@@ -441,7 +447,10 @@ def _restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
     target = abstract_state(run.model, run.tx, sample, exp.train.seed)
     latest = ckpt.latest_step()
     if latest is None:
-        return create_state(run.model, run.tx, sample, exp.train.seed), 0, []
+        state = create_state(run.model, run.tx, sample, exp.train.seed)
+        if exp.train.init_from:
+            state, _ = with_params_from(state, exp.train.init_from, run.tx)
+        return state, 0, []
     saved = load_config(ckpt.directory)
     applied = check_resume(saved, exp, latest, override=override)
     state, step = ckpt.restore(target, config=None if override else exp.to_dict())

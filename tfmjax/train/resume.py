@@ -26,8 +26,8 @@ RESUMABLE = (
     "data.eval_examples",
 )
 # Not part of the run's identity: the name comes from the config file, the workdir is where
-# the checkpoint was found.
-IGNORED = ("train.workdir",)
+# the checkpoint was found, init_from only seeds step 0.
+IGNORED = ("train.workdir", "train.init_from")
 
 
 def config_changes(saved: dict, now: Experiment) -> tuple[list[str], list[str]]:

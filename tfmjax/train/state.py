@@ -91,3 +91,26 @@ def reset_window(state: TrainState) -> TrainState:
 def count_params(params: Any) -> int:
     """Number of parameters in a pytree."""
     return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def with_params_from(state: TrainState, directory: str, tx: optax.GradientTransformation):
+    """``state`` with the params of the checkpoint under ``directory`` (``train.init_from``)
+    and a fresh optimizer state for them; ConfigError (one line) if they do not fit."""
+    from tfmjax.checkpoint import load_for_inference
+    from tfmjax.config import ConfigError
+
+    _, params, step = load_for_inference(directory)
+    params = params if "params" in params else {"params": params}
+    shapes = lambda tree: {
+        jax.tree_util.keystr(path): tuple(leaf.shape)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+    want, got = shapes(state.params), shapes(params)
+    for key in sorted(set(want) | set(got)):
+        if want.get(key) != got.get(key):
+            raise ConfigError(
+                f"train.init_from={directory!r}: its params do not fit this model.* config: "
+                f"{key} is {got.get(key)} there and {want.get(key)} here"
+            )
+    params = jax.tree.map(lambda a, b: jnp.asarray(b, a.dtype), state.params, params)
+    return state.replace(params=params, opt_state=tx.init(params)), step

@@ -1,0 +1,21 @@
+"""Hugging Face checkpoints: ``load(directory) -> (ModelConfig, params)`` and
+``save(config, params, directory)`` for GPT-2, Llama, BERT, BART, Marian and T5.
+
+Files: ``tensors`` (safetensors through NumPy), ``fields`` (reading ``config.json`` field by
+field, refusing what tfmjax cannot honour), ``mapping`` (exact, invertible tensor maps),
+``arch`` (what an architecture provides), one module per architecture, ``api`` (load and
+save), ``cli`` (``python -m tfmjax.hf import|export``).
+"""
+
+from tfmjax.hf.api import ARCHITECTURES, architecture_for, config_from_hf, load, read_config, save
+from tfmjax.hf.errors import HFError
+
+__all__ = [
+    "ARCHITECTURES",
+    "HFError",
+    "architecture_for",
+    "config_from_hf",
+    "load",
+    "read_config",
+    "save",
+]
