@@ -221,3 +221,6 @@ def test_sgd_step_follows_the_mean_token_gradient(family):
     for got, expected in zip(jax.tree.leaves(new.params), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-6)
     assert float(metrics["grad_norm"]) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-5)
+    logged = window_means(jax.device_get(new.window))  # what the loop logs for this step
+    assert logged["grad_norm"] == pytest.approx(float(metrics["grad_norm"]), rel=1e-6)
+    assert logged["loss"] == pytest.approx(float(mean_nll(state.params)), rel=1e-5)
