@@ -1,5 +1,7 @@
 """The pure train step: masking, accumulation, dropout keys, the non-finite guard, donation."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +15,13 @@ from tfmjax.models import build
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.schedules import make_schedule
 from tfmjax.train.state import create_state, reset_window
-from tfmjax.train.step import jit_train_step, make_eval_step, make_train_step, window_means
+from tfmjax.train.step import (
+    jit_train_step,
+    make_eval_step,
+    make_train_step,
+    step_metrics,
+    window_means,
+)
 
 TASK = make_task("copy", num_symbols=5, max_len=5)
 
@@ -177,6 +185,23 @@ def test_non_finite_step_keeps_the_old_state(ed):
     assert int(after.window["first_nonfinite"]) == 1
 
 
+def test_window_counts_every_non_finite_step_and_keeps_the_first(ed):
+    """Two non-finite steps from step 0: the window counts 2 and remembers step 0 (the first
+    one, which is also the step number 0 that a sloppy "not yet seen" check would miss)."""
+    state, step, batch = ed
+    state = reset_window(fresh(state))
+    leaf = state.params["params"]["embed"]["token_embed"]["embedding"]
+    poisoned = jax.tree.map(lambda x: x, state.params)
+    poisoned["params"]["embed"]["token_embed"]["embedding"] = leaf.at[1].set(jnp.nan)  # BOS
+    state = state.replace(params=poisoned)
+    assert int(state.step) == 0
+    for _ in range(2):
+        state, metrics = step(state, batch)
+        assert not bool(metrics["finite"])
+    assert float(state.window["nonfinite"]) == 2.0 and float(state.window["steps"]) == 0.0
+    assert int(state.window["first_nonfinite"]) == 0
+
+
 def test_state_is_donated(ed):
     state, step, batch = ed
     state = fresh(state)
@@ -197,14 +222,22 @@ def test_bfloat16_compute_keeps_float32_params():
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
 
 
-@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
-def test_sgd_step_follows_the_mean_token_gradient(family):
+@pytest.mark.parametrize(
+    "family, one_token",
+    [("encoder_decoder", False), ("decoder_only", False), ("decoder_only", True)],
+    ids=["encoder_decoder", "decoder_only", "decoder_only_one_scored_token"],
+)
+def test_sgd_step_follows_the_mean_token_gradient(family, one_token):
     """With plain SGD, one step moves the params by ``-lr * grad(mean NLL per scored token)``
     and reports that gradient's global norm. The loss is written here from the formula
     (log-softmax, picked target, masked mean), not taken from ``tfmjax.losses``."""
     cfg, lr = tiny(family), 0.5
     model = build(cfg)
     batch = make_batch(TASK, batch_format=model.batch_format, batch_size=8, seed=0, step=0)
+    if one_token:  # the mean over one token is that token's loss: no division by 2
+        only = np.zeros_like(np.asarray(batch["loss_mask"]))
+        only[0, np.flatnonzero(np.asarray(batch["loss_mask"])[0])[0]] = 1
+        batch = {**batch, "loss_mask": jnp.asarray(only)}
     schedule = optax.constant_schedule(lr)
     state = create_state(model, optax.sgd(lr), batch, seed=0)
     targets, mask = (jnp.asarray(a) for a in _scored(batch))
@@ -224,3 +257,27 @@ def test_sgd_step_follows_the_mean_token_gradient(family):
     logged = window_means(jax.device_get(new.window))  # what the loop logs for this step
     assert logged["grad_norm"] == pytest.approx(float(metrics["grad_norm"]), rel=1e-6)
     assert logged["loss"] == pytest.approx(float(mean_nll(state.params)), rel=1e-5)
+    # Accuracy and exact match of the step, from the same logits.
+    predicted = np.asarray(model.apply(state.params, batch)).argmax(-1)
+    right = (predicted == np.asarray(targets)) | (np.asarray(mask) == 0)
+    scored = np.asarray(mask).sum(-1) > 0
+    accuracy = ((predicted == np.asarray(targets)) * np.asarray(mask)).sum() / np.asarray(
+        mask
+    ).sum()
+    exact = (right.all(-1) & scored).sum() / scored.sum()
+    assert float(metrics["token_accuracy"]) == pytest.approx(accuracy, rel=1e-6)
+    assert float(metrics["exact_match"]) == pytest.approx(exact, rel=1e-6)
+    assert logged["exact_match"] == pytest.approx(exact, rel=1e-6)
+
+
+def test_metrics_are_ratios_of_the_sums():
+    """``step_metrics`` and ``window_means`` divide each sum by its own count."""
+    sums = dict(loss_sum=6.0, nll_sum=5.0, tokens=4.0, correct=3.0, exact=1.0, sequences=2.0)
+    step = step_metrics({k: jnp.float32(v) for k, v in sums.items()}, 0.5, 1e-3, True)
+    assert float(step["loss"]) == 1.25 and float(step["token_accuracy"]) == 0.75
+    assert float(step["exact_match"]) == 0.5
+    window = dict(sums, grad_norm_sum=3.0, steps=2.0, learning_rate=1e-3)
+    means = window_means(window)
+    assert (means["loss"], means["token_accuracy"], means["exact_match"]) == (1.25, 0.75, 0.5)
+    assert means["grad_norm"] == 1.5 and means["smoothed_loss"] == 1.5
+    assert means["perplexity"] == pytest.approx(math.exp(1.25))
