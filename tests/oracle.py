@@ -126,24 +126,27 @@ def oracle_t5_bucket(relative_position, bidirectional: bool, num_buckets: int, m
     return out
 
 
-def oracle_sinusoidal(positions, D: int, base: float = 10000.0):
+def oracle_sinusoidal(positions, D: int, base: float = 10000.0, layout: str = "interleaved"):
     """Vaswani et al. 2017: ``PE[pos, 2i] = sin(pos / base^(2i/D))``,
     ``PE[pos, 2i+1] = cos(pos / base^(2i/D))``. ``positions [...]`` -> ``[..., D]`` float64
-    (an odd last channel is left zero)."""
+    (an odd last channel is left zero). ``layout="half_split"`` (Marian): the sine of
+    frequency i at channel i and its cosine at channel ``D/2 + i``."""
     positions = np.asarray(positions)
     out = np.zeros(positions.shape + (D,), np.float64)
     for idx in np.ndindex(positions.shape):
         pos = float(positions[idx])
         for i in range(D // 2):
             angle = pos / base ** (2.0 * i / D)
-            out[idx + (2 * i,)] = math.sin(angle)
-            out[idx + (2 * i + 1,)] = math.cos(angle)
+            sin_at, cos_at = (2 * i, 2 * i + 1) if layout == "interleaved" else (i, D // 2 + i)
+            out[idx + (sin_at,)] = math.sin(angle)
+            out[idx + (cos_at,)] = math.cos(angle)
     return out
 
 
-def oracle_rope(x, positions, base: float = 10000.0):
-    """RoPE (Su et al. 2021) on interleaved pairs ``(x[2i], x[2i+1])``, rotated by the angle
-    ``pos * base^(-2i/H)``. ``x [B,T,N,H]``, ``positions [B,T]`` -> float64 ``[B,T,N,H]``."""
+def oracle_rope(x, positions, base: float = 10000.0, layout: str = "interleaved"):
+    """RoPE (Su et al. 2021) on pairs ``(x[2i], x[2i+1])`` (``interleaved``) or
+    ``(x[i], x[i + H/2])`` (``half_split``, the Hugging Face ``rotate_half``), pair i rotated
+    by the angle ``pos * base^(-2i/H)``. ``x [B,T,N,H]``, ``positions [B,T]`` -> float64."""
     x = np.asarray(x, np.float64)
     positions = np.asarray(positions)
     B, T, N, H = x.shape
@@ -154,7 +157,8 @@ def oracle_rope(x, positions, base: float = 10000.0):
             for i in range(H // 2):
                 angle = pos * base ** (-2.0 * i / H)
                 c, s = math.cos(angle), math.sin(angle)
-                x0, x1 = x[b, t, :, 2 * i], x[b, t, :, 2 * i + 1]
-                out[b, t, :, 2 * i] = c * x0 - s * x1
-                out[b, t, :, 2 * i + 1] = s * x0 + c * x1
+                first, second = (2 * i, 2 * i + 1) if layout == "interleaved" else (i, H // 2 + i)
+                x0, x1 = x[b, t, :, first], x[b, t, :, second]
+                out[b, t, :, first] = c * x0 - s * x1
+                out[b, t, :, second] = s * x0 + c * x1
     return out

@@ -144,19 +144,22 @@ def test_relative_buckets_exact_near_and_log_spaced_far():
 def _ffn_numpy(x, p, activation):
     dense = lambda name, h: h @ p[name]["kernel"] + p[name]["bias"]
     gelu = lambda h: h * 0.5 * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))  # x Phi(x)
+    # GPT-2's tanh approximation of GELU (Hendrycks & Gimpel 2016)
+    gelu_tanh = lambda h: 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
     swish = lambda h: h / (1 + np.exp(-h))  # x sigmoid(x)
-    if activation == "relu":
-        h = np.maximum(dense("up", x), 0)
-    elif activation == "gelu":
-        h = gelu(dense("up", x))
-    elif activation == "swiglu":
-        h = swish(dense("gate", x)) * dense("up", x)
+    plain = {"relu": lambda h: np.maximum(h, 0), "gelu": gelu, "gelu_tanh": gelu_tanh}
+    plain["silu"] = swish
+    gated = {"swiglu": swish, "geglu": gelu, "geglu_tanh": gelu_tanh}
+    if activation in plain:
+        h = plain[activation](dense("up", x))
     else:
-        h = gelu(dense("gate", x)) * dense("up", x)
+        h = gated[activation](dense("gate", x)) * dense("up", x)
     return dense("down", h)
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu", "geglu"])
+@pytest.mark.parametrize(
+    "activation", ["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
+)
 def test_feed_forward_matches_seed_formulas(activation):
     x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
     module = FeedForward(d_ff=12, activation=activation)
@@ -164,7 +167,7 @@ def test_feed_forward_matches_seed_formulas(activation):
     params = jax.tree.map(lambda p: p + 0.1 * RNG.normal(size=p.shape).astype(np.float32), params)
     expected = _ffn_numpy(x.astype(np.float64), jax.tree.map(np.asarray, params), activation)
     np.testing.assert_allclose(module.apply({"params": params}, x), expected, rtol=1e-4, atol=1e-5)
-    assert ("gate" in params) == (activation in ("swiglu", "geglu"))
+    assert ("gate" in params) == (activation in ("swiglu", "geglu", "geglu_tanh"))
     # ``expected`` uses the module's own weights, so check their shapes independently:
     # D -> d_ff -> D, whatever the sequence length.
     assert params["up"]["kernel"].shape == (8, 12) and params["down"]["kernel"].shape == (12, 8)

@@ -80,22 +80,26 @@ def test_relative_position_bias_module_matches_oracle(bidirectional):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "half_split"])
 @pytest.mark.parametrize("D", [8, 12, 7])
-def test_sinusoidal_matches_oracle(D):
+def test_sinusoidal_matches_oracle(D, layout):
     pos = np.array([[0, 1, 2, 5, 17, 63], [3, 3, 0, 40, 9, 1]])
-    got = positions.sinusoidal(jnp.asarray(pos), D)
+    got = positions.sinusoidal(jnp.asarray(pos), D, layout=layout)
     assert got.shape == (2, 6, D)
-    np.testing.assert_allclose(np.asarray(got), oracle.oracle_sinusoidal(pos, D), atol=2e-5)
+    want = oracle.oracle_sinusoidal(pos, D, layout=layout)
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "half_split"])
 @pytest.mark.parametrize("H", [2, 8])
-def test_rope_matches_oracle(H):
-    """Interleaved pairs ``(x[2i], x[2i+1])`` (the pairing ``apply_rope`` documents)."""
+def test_rope_matches_oracle(H, layout):
+    """Pairs ``(x[2i], x[2i+1])`` or ``(x[i], x[i + H/2])``, as ``apply_rope`` documents."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 5, 3, H)).astype(np.float32)
     pos = np.array([[0, 1, 2, 3, 4], [7, 30, 31, 0, 63]])
-    got = positions.apply_rope(jnp.asarray(x), jnp.asarray(pos))
-    np.testing.assert_allclose(np.asarray(got), oracle.oracle_rope(x, pos), atol=2e-5)
+    got = positions.apply_rope(jnp.asarray(x), jnp.asarray(pos), layout=layout)
+    want = oracle.oracle_rope(x, pos, layout=layout)
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
     # RoPE is a rotation: norms of every pair are kept, and relative positions are what
     # <q, k> sees.
     np.testing.assert_allclose(
