@@ -198,3 +198,5 @@ def test_strategy_defaults():
     """Sampling is at temperature 1 unless asked; beam search keeps 4 with GNMT's alpha 0.6."""
     assert Temperature().temperature == TopK(k=2).temperature == TopP(p=0.5).temperature == 1.0
     assert BeamSearch() == BeamSearch(beam_size=4, alpha=0.6)
+    # Frozen and hashable: jax.jit takes strategies as static arguments.
+    assert len({Greedy(), Temperature(), BeamSearch(), BeamSearch(beam_size=4, alpha=0.6)}) == 3

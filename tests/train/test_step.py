@@ -199,6 +199,8 @@ def test_window_counts_every_non_finite_step_and_keeps_the_first(ed):
         state, metrics = step(state, batch)
         assert not bool(metrics["finite"])
     assert float(state.window["nonfinite"]) == 2.0 and float(state.window["steps"]) == 0.0
+    for key in ("loss_sum", "nll_sum", "tokens", "correct", "grad_norm_sum"):
+        assert float(state.window[key]) == 0.0, key  # nothing of a bad step is summed
     assert int(state.window["first_nonfinite"]) == 0
 
 
@@ -281,3 +283,9 @@ def test_metrics_are_ratios_of_the_sums():
     assert (means["loss"], means["token_accuracy"], means["exact_match"]) == (1.25, 0.75, 0.5)
     assert means["grad_norm"] == 1.5 and means["smoothed_loss"] == 1.5
     assert means["perplexity"] == pytest.approx(math.exp(1.25))
+    # One token, one sequence, one step: each count is 1, not clamped to anything larger.
+    one = dict(loss_sum=0.5, nll_sum=0.5, tokens=1.0, correct=1.0, exact=1.0, sequences=1.0)
+    step = step_metrics({k: jnp.float32(v) for k, v in one.items()}, 0.5, 1e-3, True)
+    assert float(step["token_accuracy"]) == 1.0 and float(step["exact_match"]) == 1.0
+    means = window_means(dict(one, grad_norm_sum=0.5, steps=1.0, learning_rate=1e-3))
+    assert (means["token_accuracy"], means["exact_match"], means["grad_norm"]) == (1.0, 1.0, 0.5)
