@@ -256,6 +256,7 @@ def test_sgd_step_follows_the_mean_token_gradient(family, one_token):
     for got, expected in zip(jax.tree.leaves(new.params), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-6)
     assert float(metrics["grad_norm"]) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-5)
+    assert float(new.window["nonfinite"]) == 0.0 and int(new.window["first_nonfinite"]) == -1
     logged = window_means(jax.device_get(new.window))  # what the loop logs for this step
     assert logged["grad_norm"] == pytest.approx(float(metrics["grad_norm"]), rel=1e-6)
     assert logged["loss"] == pytest.approx(float(mean_nll(state.params)), rel=1e-5)
@@ -283,6 +284,9 @@ def test_metrics_are_ratios_of_the_sums():
     assert (means["loss"], means["token_accuracy"], means["exact_match"]) == (1.25, 0.75, 0.5)
     assert means["grad_norm"] == 1.5 and means["smoothed_loss"] == 1.5
     assert means["perplexity"] == pytest.approx(math.exp(1.25))
+    # A diverged loss reports perplexity e^80 rather than overflowing to inf.
+    diverged = window_means(dict(window, nll_sum=4000.0))
+    assert diverged["loss"] == 1000.0 and diverged["perplexity"] == math.exp(80.0)
     # One token, one sequence, one step: each count is 1, not clamped to anything larger.
     one = dict(loss_sum=0.5, nll_sum=0.5, tokens=1.0, correct=1.0, exact=1.0, sequences=1.0)
     step = step_metrics({k: jnp.float32(v) for k, v in one.items()}, 0.5, 1e-3, True)
