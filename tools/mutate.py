@@ -132,7 +132,7 @@ def not_kept(directory: Path, kept: re.Pattern, operator, occurrence, module, st
     ):
         return True
     if operator.startswith("core/ReplaceBinaryOperator_Mul"):
-        text = path.read_text().splitlines()[line - 1]
+        text = source_lines(path)[line - 1]
         return text[column : column + 1] == "*" and text[column + 1 :].lstrip()[:1] in (",", ")")
     return False
 
@@ -144,10 +144,16 @@ def original(directory: Path, module: str) -> Path:
 
 
 @functools.cache
+def source_lines(path: Path) -> list[str]:
+    """The lines of an unmutated module, read once."""
+    return path.read_text().splitlines()
+
+
+@functools.cache
 def annotations(path: Path) -> list[ast.expr]:
     """Every annotation node of the module at ``path``."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse("\n".join(source_lines(path)))):
         if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
             found.append(node.annotation)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
@@ -263,7 +269,7 @@ def describe(directory: Path, job) -> tuple[str, int, str, str]:
     """(module, 1-based line, line text, operator) of a work item's single mutation."""
     mutation = job["mutations"][0]
     module, line = mutation["module_path"], mutation["start_pos"][0]
-    text = original(directory, module).read_text().splitlines()[line - 1].strip()
+    text = source_lines(original(directory, module))[line - 1].strip()
     return module, line, text, mutation["operator_name"].removeprefix("core/")
 
 

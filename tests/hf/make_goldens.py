@@ -21,6 +21,21 @@ GOLDENS = Path(__file__).with_name("goldens")
 NEW_TOKENS = 16
 # Tiny models: vocabulary 96, width 32, 2 layers. Token ids: 0 pad, 1 bos, 2 eos (tfmjax's).
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# BART and Marian share the architecture: one tiny shape for both.
+BART_SHAPE = dict(
+    IDS,
+    vocab_size=96,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=32,
+    forced_eos_token_id=None,
+    init_std=0.2,
+)
 CASES = {  # case: (config class, model class, kind, config fields)
     "gpt2": (
         "GPT2Config",
@@ -91,42 +106,17 @@ CASES = {  # case: (config class, model class, kind, config fields)
         "BartConfig",
         "BartForConditionalGeneration",
         "seq2seq",
-        dict(
-            IDS,
-            vocab_size=96,
-            d_model=32,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            max_position_embeddings=32,
-            decoder_start_token_id=2,
-            forced_eos_token_id=None,
-            init_std=0.2,
-        ),
+        dict(BART_SHAPE, decoder_start_token_id=2),
     ),
     "marian": (
         "MarianConfig",
         "MarianMTModel",
         "seq2seq",
         dict(
-            IDS,
-            vocab_size=96,
-            d_model=32,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            max_position_embeddings=32,
+            BART_SHAPE,
             decoder_start_token_id=0,
-            forced_eos_token_id=None,
             scale_embedding=True,
             activation_function="swish",
-            init_std=0.2,
         ),
     ),
     "t5_v1_0": (
