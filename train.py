@@ -95,7 +95,8 @@ def _main(argv, first: _FirstSignals) -> int:
     ev = result["eval"] or {}
     summary = f"step {result['step']}"
     if ev:
-        summary += f"; eval exact_match {ev['exact_match']:.4f}, loss {ev['loss']:.4f}"
+        shown = [k for k in ("exact_match", "bits_per_char", "token_accuracy") if k in ev][:1]
+        summary += "".join(f"; eval {k} {ev[k]:.4f}" for k in shown) + f", loss {ev['loss']:.4f}"
     print(f"done: {summary}; workdir {result['workdir']}")
     return 0
 

@@ -1,9 +1,12 @@
-"""Strict JAX settings for every test: 8 CPU devices, rank promotion raises."""
+"""Strict JAX settings for every test: 8 CPU devices, rank promotion raises. Text tasks'
+token files go to a cache shared by the test workers (keyed by content, written atomically)."""
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TFMJAX_CACHE_DIR", os.path.join(tempfile.gettempdir(), "tfmjax-test-cache"))
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 

@@ -22,6 +22,7 @@ LAYER_GROUPS = [
     ("models",),
     ("decode", "checkpoint"),
     ("evaluator",),
+    ("text_evaluator",),
     ("train", "interp", "parallel", "hf"),
     ("evaluate", "generate", "summary", "explain"),
 ]

@@ -1,5 +1,6 @@
 """Each enumeration has one source (tfmjax.config); the registries that implement it agree."""
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -10,8 +11,10 @@ import numpy as np
 from tfmjax import config as C
 from tfmjax import kernels, models
 from tfmjax.data import make_task
+from tfmjax.data.sources import open_source
 from tfmjax.evaluator import Evaluator
 from tfmjax.models.common import DTYPES
+from tfmjax.text_evaluator import TextEvaluator
 from tfmjax.train import schedules
 from tfmjax.train.state import SUM_KEYS, WINDOW_KEYS, empty_window
 from tfmjax.train.step import batch_sums
@@ -59,7 +62,18 @@ def test_best_metric_choices_are_evaluator_metrics():
     )
     params = evaluator.model.init(jax.random.key(0), evaluator.batches[0])
     metrics, _ = evaluator(params)
-    assert set(C.EVAL_METRICS) <= set(metrics)
+    assert set(evaluator.metric_names) <= set(metrics)
+    text = TextEvaluator(
+        dataclasses.replace(cfg, vocab_size=96),
+        open_source("shakespeare", {"context": 8, "samples": 1}),
+        batch_size=4,
+        num_examples=4,
+    )
+    text_metrics, _ = text(text.model.init(jax.random.key(0), text.batches[0]))
+    assert set(text.metric_names) <= set(text_metrics)
+    assert set(C.EVAL_METRICS) == set(evaluator.metric_names) | set(text.metric_names) - {
+        "unigram_accuracy"
+    }
     assert set(C.LOWER_IS_BETTER) <= set(C.EVAL_METRICS)
 
 

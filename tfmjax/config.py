@@ -27,8 +27,8 @@ PAIR_LAYOUTS = ("interleaved", "half_split")  # model.rope_layout, model.sinusoi
 ATTENTION_IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
-EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity")  # train.best_metric
-LOWER_IS_BETTER = ("loss", "perplexity")
+EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity", "bits_per_char")
+LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_char")
 # Each enumeration above is the one list of names; the registries that implement them
 # (tfmjax.models.FAMILIES, tfmjax.kernels.IMPLS, tfmjax.train.schedules, the evaluator's
 # metrics) are checked against it in tests/test_registries.py.

@@ -1,8 +1,8 @@
 """Evaluate a checkpoint: ``evaluate_checkpoint(path) -> report`` and ``format_report``.
 
 What ``eval.py`` runs: load the params and config a checkpoint holds (the step actually
-loaded is the one reported), rebuild the task and score it with
-:class:`tfmjax.evaluator.Evaluator`.
+loaded is the one reported), rebuild the task (a text task with the tokenizer the checkpoint
+holds) and score it with :func:`tfmjax.text_evaluator.make_evaluator`'s evaluator.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tfmjax.evaluator import NUM_ROWS, Evaluator
+from tfmjax.evaluator import NUM_ROWS
 
 
 def _workdir(path: Path) -> Path:
@@ -20,6 +20,24 @@ def _workdir(path: Path) -> Path:
     if path.name == "checkpoints":
         return path.parent
     return path
+
+
+def open_checkpoint_source(path, step: int, data):
+    """The data source of a checkpoint's ``data`` config; a text task gets the tokenizer
+    saved in checkpoint ``step`` (never a newly trained one)."""
+    from tfmjax.checkpoint import CheckpointError, load_assets
+    from tfmjax.data.sources import is_text, open_source
+    from tfmjax.data.tokenizers import tokenizer_from_dict
+
+    if not is_text(data.task):
+        return open_source(data.task, data.task_params)
+    saved = load_assets(path, step).get("tokenizer")
+    if saved is None:
+        raise CheckpointError(
+            f"checkpoint step {step} of text task {data.task!r} holds no tokenizer; it was "
+            "written by an older tfmjax: retrain, or evaluate a newer checkpoint"
+        )
+    return open_source(data.task, data.task_params, tokenizer=tokenizer_from_dict(saved))
 
 
 def evaluate_checkpoint(
@@ -40,8 +58,8 @@ def evaluate_checkpoint(
     """
     from tfmjax.checkpoint import load_for_inference
     from tfmjax.config import ConfigError, from_dict
-    from tfmjax.data import make_task
     from tfmjax.models.checks import InputError
+    from tfmjax.text_evaluator import make_evaluator
 
     path = Path(path)
     config, params, step = load_for_inference(path)
@@ -49,10 +67,10 @@ def evaluate_checkpoint(
     workdir = _workdir(path)
     data = experiment.data
     try:
-        task = make_task(data.task, **data.task_params)
-        evaluator = Evaluator(
+        source = open_checkpoint_source(path, step, data)
+        evaluator = make_evaluator(
             experiment.model,
-            task,
+            source,
             batch_size=batch_size or data.batch_size,
             num_examples=num_examples or data.eval_examples,
             split=split,
@@ -71,6 +89,7 @@ def evaluate_checkpoint(
         "task": data.task,
         "split": split,
         "decode": repr(evaluator.strategy),
+        "metric_names": list(evaluator.metric_names),
         **metrics,
         "examples": rows,
     }
@@ -84,10 +103,15 @@ def format_report(report: dict) -> str:
         f"split           {report['split']} ({report['num_examples']} examples)",
         f"decode          {report['decode']}",
     ]
-    for key in ("loss", "perplexity", "token_accuracy", "exact_match"):
+    for key in report.get("metric_names", ("loss", "perplexity", "token_accuracy", "exact_match")):
         lines.append(f"{key:<15} {report[key]:.4f}")
     rows = report["examples"]
-    if rows:
+    if rows and "correct" not in rows[0]:  # a text task: samples or masked-LM fill-ins
+        from tfmjax.train.metrics_log import format_sample
+
+        lines += ["", "samples" if "continuation" in rows[0] else "fill-ins"]
+        lines += [format_sample(row, width=1000) for row in rows]
+    elif rows:
         width = {
             k: min(40, max(len(k), *(len(r[k]) for r in rows)))
             for k in ("input", "prediction", "target")

@@ -80,6 +80,8 @@ class Evaluator:
     strategies (batch ``i`` uses ``fold_in(key(decode_seed), i)``).
     """
 
+    metric_names = ("loss", "perplexity", "token_accuracy", "exact_match")
+
     def __init__(
         self,
         model_config,

@@ -14,6 +14,7 @@ import typing
 
 from tfmjax.config import PRESETS, SECTIONS, ConfigError, Experiment, load
 from tfmjax.data import TASK_NAMES, task_defaults
+from tfmjax.data.text import CORPORA, TextParams
 from tfmjax.field_help import FIELD_HELP
 
 
@@ -52,6 +53,9 @@ def tasks_table() -> str:
     for name in TASK_NAMES:
         params = ", ".join(f"{k}={v!r}" for k, v in task_defaults(name).items())
         lines.append(f"{name:<20} {params}")
+    text = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(TextParams))
+    for name in CORPORA:
+        lines.append(f"{name:<20} (text) {text}")
     return "\n".join(lines)
 
 

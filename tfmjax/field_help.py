@@ -56,7 +56,7 @@ FIELD_HELP = {
     "optim.clip_norm": "global gradient-norm clipping; none = off",
     "optim.grad_accum_steps": "micro-batches per step (data.batch_size must divide by it)",
     "optim.label_smoothing": "label smoothing of the training loss",
-    "data.task": "toy task name (python -m tfmjax.explain lists them)",
+    "data.task": "toy task or text corpus (python -m tfmjax.explain lists them)",
     "data.task_params": "the task's parameters, e.g. {max_len = 8}",
     "data.batch_size": "examples per training step",
     "data.eval_examples": "examples in each evaluation",

@@ -3,7 +3,13 @@
 The checkpoint under WORKDIR (written by the training loop) holds the experiment config and
 the params; the task's vocabulary turns text into ids and back. ``--input`` may be repeated
 (one batch). ``--decode greedy|beam|sample`` with ``--beam-size``, ``--temperature``,
-``--top-k``, ``--top-p`` (:mod:`tfmjax.decode.options`).
+``--top-k``, ``--top-p`` (:mod:`tfmjax.decode.options`); default greedy.
+
+A language model of a text task (``data.task = "shakespeare"``) continues plain text with
+the tokenizer saved in its checkpoint, e.g. ``--input "ROMEO:"``; its default decoding is
+the task's sampling (top-k and temperature of ``data.task_params``), and it prints as many
+new tokens as the task's ``sample_tokens`` (or ``--max-new-tokens``), fewer where
+``model.max_len`` ends first.
 """
 
 from __future__ import annotations
@@ -108,19 +114,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from tfmjax.decode.options import add_decode_arguments
 
     add_decode_arguments(parser)
-    return parser.parse_args(argv)
+    parser.set_defaults(decode=None)
+    args = parser.parse_args(argv)
+    # No --decode: greedy, except for a text task, which samples as its config says.
+    args.explicit_decode = args.decode is not None
+    args.decode = args.decode or "greedy"
+    return args
 
 
 def load(workdir: str):
-    """``(Experiment, params)`` of the newest good checkpoint under ``workdir``."""
+    """``(Experiment, params, step)`` of the newest good checkpoint under ``workdir``."""
     from tfmjax.checkpoint import load_for_inference
     from tfmjax.config import Experiment, from_dict
 
-    config, params, _ = load_for_inference(workdir)
+    config, params, step = load_for_inference(workdir)
     experiment = config if isinstance(config, Experiment) else from_dict(config)
     if "params" not in params:  # a bare params tree: make it model.apply's variables
         params = {"params": params}
-    return experiment, params
+    return experiment, params, step
 
 
 def _interrupted(signum, frame):
@@ -149,13 +160,18 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     from tfmjax.checkpoint import CheckpointError
     from tfmjax.data import make_task
+    from tfmjax.data.sources import is_text
     from tfmjax.decode.options import strategy_from_args
 
     try:
         strategy = strategy_from_args(args)
-        experiment, params = load(args.workdir)
+        experiment, params, step = load(args.workdir)
         if args.ids:
             return _generate_ids(experiment.model, params, args, strategy)
+        if is_text(experiment.data.task):
+            return _generate_text(
+                experiment, params, step, args, strategy if args.explicit_decode else None
+            )
         task = make_task(experiment.data.task, **experiment.data.task_params)
         max_new = args.max_new_tokens or task.max_target_len("eval") + 1
         for line in check_trained_length(task, args.input):
@@ -168,6 +184,40 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     for text, answer in zip(args.input, answers, strict=True):
         print(f"{text} -> {answer}")
+    return 0
+
+
+def _generate_text(experiment, params, step: int, args, strategy) -> int:
+    """``--input`` of a text task: each text continued, printed with its continuation."""
+    import jax
+
+    from tfmjax.checkpoint import load_assets
+    from tfmjax.data.text import TextParams
+    from tfmjax.data.tokenizers import decode, tokenizer_from_dict
+    from tfmjax.decode import TopK, generate
+    from tfmjax.models import build
+
+    task = TextParams.parse(experiment.data.task_params)
+    saved = load_assets(args.workdir, step).get("tokenizer")
+    if saved is None:
+        raise ValueError(f"checkpoint step {step} holds no tokenizer (written by an older tfmjax)")
+    tokenizer = tokenizer_from_dict(saved)
+    model_config = experiment.model
+    if strategy is None:
+        strategy = TopK(min(task.top_k, model_config.vocab_size) or 1, task.temperature)
+    prompts = [tokenizer.encode(text) for text in args.input]
+    if not all(prompts):
+        raise ValueError('--input is empty: give the text to continue, e.g. "ROMEO:"')
+    room = model_config.max_len - max(len(p) for p in prompts)
+    max_new = args.max_new_tokens or min(task.sample_tokens, room)
+    if max_new < 1:
+        raise ValueError(
+            f"--input has {model_config.max_len - room} tokens, which fill the model's "
+            f"model.max_len={model_config.max_len} positions: give a shorter text"
+        )
+    out = generate(build(model_config), params, prompts, strategy, max_new, rng=args.seed)
+    for text, row in zip(args.input, jax.device_get(out.tokens), strict=True):
+        print(text + decode(tokenizer, row, stop_at_eos=True))
     return 0
 
 

@@ -10,7 +10,8 @@ Layout (``Checkpointer(workdir)``)::
     workdir/checkpoints/<step>/state/      the train-state pytree (OCDBT + zarr, orbax StandardSave)
                               config/      the whole experiment config (JSON)
                               metadata/    {"step", "params_hash", "state_hash", "config_hash",
-                                            "arrays", "metrics", "time", "tfmjax_version", ...}
+                                            "arrays", "metrics", "assets", "time", ...}
+                                           (assets: e.g. a text task's tokenizer)
                               metrics/     the metrics (orbax writes it when ``best_metric`` is set)
     workdir/checkpoints/<step>.orbax-checkpoint-tmp/   a save in progress (never listed as a step)
     workdir/checkpoints/<step>.corrupt/                a step that failed verification, moved aside
@@ -49,7 +50,14 @@ Only single-host (fully addressable) arrays are hashed; multi-host runs are not 
 
 from tfmjax.checkpoint.errors import CheckpointError
 from tfmjax.checkpoint.hashing import params_hash
-from tfmjax.checkpoint.inference import load_config, load_for_inference
+from tfmjax.checkpoint.inference import load_assets, load_config, load_for_inference
 from tfmjax.checkpoint.manager import Checkpointer
 
-__all__ = ["CheckpointError", "Checkpointer", "load_config", "load_for_inference", "params_hash"]
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "load_assets",
+    "load_config",
+    "load_for_inference",
+    "params_hash",
+]

@@ -7,7 +7,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
-from tfmjax.checkpoint.errors import CorruptStep, short_error
+from tfmjax.checkpoint.errors import CheckpointError, CorruptStep, short_error
 from tfmjax.checkpoint.hashing import params_hash
 from tfmjax.checkpoint.store import default_sharding, reader, resolve
 
@@ -25,6 +25,22 @@ def load_config(directory: str | Path) -> dict:
     finally:
         store.mgr.close()
     return config
+
+
+def load_assets(directory: str | Path, step: int) -> dict:
+    """The assets saved with checkpoint ``step`` (e.g. ``{"tokenizer": ...}`` of a text
+    task; ``{}`` when it has none). ``directory`` as for :func:`load_config`."""
+    checkpoints_dir, _ = resolve(directory)
+    store = reader(checkpoints_dir)
+    try:
+        metadata, _ = store.read_json(step)
+    except CorruptStep as err:
+        raise CheckpointError(
+            f"checkpoint step {step} in {checkpoints_dir}: {err}; its assets cannot be read"
+        ) from None
+    finally:
+        store.mgr.close()
+    return metadata.get("assets") or {}
 
 
 def load_for_inference(directory: str | Path):

@@ -125,10 +125,20 @@ class Checkpointer:
 
     # -- saving ----------------------------------------------------------------------------
 
-    def save(self, step: int, state: Any, *, config: Any, metrics: Mapping | None = None) -> bool:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        config: Any,
+        metrics: Mapping | None = None,
+        assets: Mapping | None = None,
+    ) -> bool:
         """Start saving ``state`` as ``step``; returns False if ``step`` is already saved.
 
         ``config`` is the whole experiment config (a dict, or an object with ``to_dict()``).
+        ``assets``: JSON data the params need to be used (a text task's tokenizer), kept in
+        the step's metadata (:func:`tfmjax.checkpoint.load_assets`).
         Raises :class:`CheckpointError` if a newer step already exists (orbax would skip the
         save silently), if this save fails to start, or if the previous save failed in the
         background (the message names that step). Safe to call from a SIGTERM/SIGINT handler
@@ -164,6 +174,7 @@ class Checkpointer:
                 "config_hash": json_hash(config_json),
                 "arrays": array_table(state),
                 "metrics": metrics_json,
+                "assets": jsonable(dict(assets)) if assets else None,
                 "time": datetime.datetime.now(datetime.UTC).isoformat(),
                 "tfmjax_version": tfmjax.__version__,
             }

@@ -3,15 +3,20 @@
 ``model.apply(params, {"tokens": [B,T]})`` returns logits ``[B,T,V]`` at every position
 (bidirectional, no shift). Optional ``segment_ids [B,T]``, ``positions [B,T]`` and, with
 ``model.type_vocab_size``, ``token_types [B,T]`` (BERT's segment A/B ids; default 0).
+
+Trains on ``masked_lm`` batches (``tokens`` with some positions corrupted, the original
+``targets`` and a ``loss_mask`` on the corrupted positions; :mod:`tfmjax.data.text`): the
+loss is the masked-token cross-entropy. It does not generate.
 """
 
 from __future__ import annotations
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.blocks import BlockInputs, EncoderBlock
-from tfmjax.models.checks import check_concrete_tokens, check_length
+from tfmjax.models.checks import InputError, check_concrete_tokens, check_length, check_tokens
 from tfmjax.models.common import (
     Embedder,
     OutputHead,
@@ -24,12 +29,13 @@ from tfmjax.models.family import Family
 
 
 class EncoderOnly(Family, nn.Module):
-    """No task batch format yet and no generation: the family methods raise for those."""
+    """A masked LM: trains on ``masked_lm`` batches; no generation (those methods raise)."""
 
     config: ModelConfig
     deterministic: bool = True
 
     family = "encoder_only"
+    batch_format = "masked_lm"
     token_keys = ("tokens",)
 
     def setup(self):
@@ -60,3 +66,21 @@ class EncoderOnly(Family, nn.Module):
     @nn.nowrap
     def layer_stacks(self) -> dict[str, int]:
         return {"encoder": self.config.num_layers}
+
+    @nn.nowrap
+    def check_batch(self, batch: dict) -> None:
+        """``tokens`` as every family checks them, and ``targets`` of the same shape."""
+        super().check_batch(batch)
+        if "targets" in batch:
+            targets = batch["targets"]
+            if targets.shape != batch["tokens"].shape:
+                raise InputError(
+                    f"targets must have the shape of tokens {batch['tokens'].shape}, "
+                    f"got {targets.shape}"
+                )
+            check_tokens(targets, self.config.vocab_size, "targets")
+
+    @nn.nowrap
+    def targets_and_mask(self, batch: dict):
+        """The original tokens, weighted 1.0 at the corrupted positions only."""
+        return batch["targets"], jnp.asarray(batch["loss_mask"], jnp.float32)

@@ -33,11 +33,11 @@ import jax
 
 from tfmjax.checkpoint import Checkpointer, load_config
 from tfmjax.config import LOWER_IS_BETTER, ConfigError, Experiment
-from tfmjax.data import make_batch, make_task
-from tfmjax.evaluator import Evaluator
+from tfmjax.data.sources import is_text, open_source
 from tfmjax.models import FAMILIES, build
 from tfmjax.models.checks import InputError
 from tfmjax.models.summary import summarize
+from tfmjax.text_evaluator import make_evaluator
 from tfmjax.train.metrics_log import Console, MetricsLog
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.resume import check_resume
@@ -61,18 +61,17 @@ class Run:
     """Everything built from an experiment before the first step (no files touched)."""
 
     experiment: Experiment
-    task: object
+    source: object  # tfmjax.data.sources: a toy task or a text corpus
     model: object  # deterministic: init and eval
     tx: object
     schedule: object
     train_step: Callable  # jitted, state donated
-    evaluator: Evaluator
+    evaluator: object  # Evaluator or TextEvaluator: (metrics, rows) = evaluator(params)
     tokens_per_step: int  # padded positions per batch (what the step computes on)
 
     def batch(self, step: int) -> dict:
         exp = self.experiment
-        return make_batch(
-            self.task,
+        return self.source.batch(
             batch_format=self.model.batch_format,
             batch_size=exp.data.batch_size,
             seed=exp.train.seed,
@@ -80,26 +79,31 @@ class Run:
         )
 
 
-def _task(experiment: Experiment, model):
-    """The task, checked against the model: one-line ConfigError for any mismatch."""
+def _source(experiment: Experiment, model):
+    """The task or corpus, checked against the model: one-line ConfigError for a mismatch."""
     data = experiment.data
     if model.batch_format is None:
         trainable = ", ".join(name for name, cls in FAMILIES.items() if cls.batch_format)
         raise ConfigError(
             f"model.family={model.family!r} cannot be trained on a toy task; use one of {trainable}"
         )
+    if model.batch_format == "masked_lm" and not is_text(data.task):
+        raise ConfigError(
+            f"model.family={model.family!r} trains as a masked LM, on text only: set data.task "
+            "to a text corpus such as 'shakespeare' (configs/shakespeare_mlm.toml)"
+        )
     try:
-        task = make_task(data.task, **data.task_params)
+        source = open_source(data.task, data.task_params)
     except ValueError as err:
         raise ConfigError(f"data.task={data.task!r}: {err}") from None
     vocab_size = experiment.model.vocab_size
-    if vocab_size < task.vocab.size:
+    if vocab_size < source.vocab_size:
         raise ConfigError(
             f"model.vocab_size={vocab_size} is smaller than the vocabulary "
-            f"of task {data.task!r} ({task.vocab.size} ids); set model.vocab_size "
-            f">= {task.vocab.size}"
+            f"of task {data.task!r} ({source.vocab_size} ids); set model.vocab_size "
+            f">= {source.vocab_size}"
         )
-    return task
+    return source
 
 
 _RUNS: dict[str, Run] = {}  # the last few builds, so training twice in one process compiles once
@@ -130,7 +134,7 @@ def build_run(experiment: Experiment) -> Run:
 def _build_run(experiment: Experiment) -> Run:
     m, o, t, d = experiment.model, experiment.optim, experiment.train, experiment.data
     model = build(m)
-    task = _task(experiment, model)
+    source = _source(experiment, model)
     try:
         schedule = make_schedule(
             o.schedule,
@@ -147,9 +151,14 @@ def _build_run(experiment: Experiment) -> Run:
             f"and train.steps={t.steps}: {err}"
         ) from None
     try:
-        evaluator = Evaluator(m, task, batch_size=d.batch_size, num_examples=d.eval_examples)
+        evaluator = make_evaluator(m, source, batch_size=d.batch_size, num_examples=d.eval_examples)
     except (ValueError, InputError) as err:
         raise ConfigError(str(err)) from None
+    if t.best_metric not in evaluator.metric_names:
+        raise ConfigError(
+            f"train.best_metric={t.best_metric!r} is not measured on data.task={d.task!r}; "
+            f"use one of {', '.join(evaluator.metric_names)}"
+        )
     tx = make_optimizer(
         schedule=schedule,
         weight_decay=o.weight_decay,
@@ -165,7 +174,7 @@ def _build_run(experiment: Experiment) -> Run:
         label_smoothing=o.label_smoothing,
         grad_accum_steps=o.grad_accum_steps,
     )
-    run = Run(experiment, task, model, tx, schedule, jit_train_step(step), evaluator, 0)
+    run = Run(experiment, source, model, tx, schedule, jit_train_step(step), evaluator, 0)
     sample = run.batch(0)
     try:
         model.check_batch(sample)
@@ -360,15 +369,25 @@ class _Loop:
         metrics, rows = self.run.evaluator(state.params)
         timing = dict(metrics.pop("timing"), elapsed_sec=self.elapsed())
         record = {"step": step, "split": "eval", **metrics, "timing": timing}
+        if is_text(self.run.experiment.data.task):
+            record["samples"] = rows  # sampled continuations or masked-LM fill-ins
         self.log.write(record)
         self.console.record(record)
-        self.last_eval = {k: v for k, v in record.items() if k not in ("timing", "split")}
+        self.last_eval = {
+            k: v for k, v in record.items() if k not in ("timing", "split", "samples")
+        }
         self.window.start += timing["eval_sec"]  # eval time is not training time
 
     def save(self, state, step: int, metrics: dict | None) -> None:
         _check_finite(state, self.last_saved)
         begin = time.perf_counter()
-        self.ckpt.save(step, state, config=self.run.experiment.to_dict(), metrics=metrics)
+        self.ckpt.save(
+            step,
+            state,
+            config=self.run.experiment.to_dict(),
+            metrics=metrics,
+            assets=self.run.source.assets(),
+        )
         self.last_saved = step
         self.window.start += time.perf_counter() - begin
 

@@ -91,6 +91,8 @@ def format_record(record: dict) -> str:
         "grad_norm": "gnorm",
         "learning_rate": "lr",
         "perplexity": "ppl",
+        "bits_per_char": "bpc",
+        "unigram_accuracy": "unigram acc",
     }
     parts = [f"{record['split']:<5} step {record['step']:>6}"]
     for key, name in short.items():
@@ -103,6 +105,17 @@ def format_record(record: dict) -> str:
     if "eval_sec" in timing:
         parts.append(f"{timing['eval_sec']:.1f}s")
     return "  ".join(parts)
+
+
+def format_sample(sample: dict, width: int = 300) -> str:
+    """A text task's eval row, indented: a sampled continuation (``prompt`` + ``continuation``)
+    or a masked LM's fill-ins (``input`` -> ``prediction``)."""
+    if "continuation" in sample:
+        text = f"{sample['prompt']}[{sample['continuation']}]"
+    else:
+        text = f"{sample['input']}\n  -> {sample['prediction']}"
+    text = text if len(text) <= width else text[:width] + "..."
+    return "\n".join("  | " + line for line in text.split("\n"))
 
 
 class Console:
@@ -138,6 +151,8 @@ class Console:
             )
             return
         self.print(format_record(record))
+        for sample in record.get("samples", []):
+            self.print(format_sample(sample))
 
     def print(self, line: str) -> None:
         if self.bar is not None:

@@ -1,0 +1,69 @@
+"""One door to the training data: a toy task or a text corpus, by ``data.task``'s name.
+
+``open_source(name, params)`` returns a :class:`ToySource` (a :mod:`tfmjax.data.tasks` task)
+or a :class:`~tfmjax.data.text.TextSource` (a corpus, e.g. ``"shakespeare"``). Both answer
+``batch(batch_format=, batch_size=, seed=, step=, split=)`` with a pure function of its
+arguments, ``vocab_size`` and ``check_split``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from tfmjax.data.base import Task
+from tfmjax.data.batching import make_batch
+from tfmjax.data.tasks import TASK_NAMES, make_task
+from tfmjax.data.text import CORPORA, TextSource
+from tfmjax.data.tokenizers import Tokenizer
+
+DATA_NAMES = TASK_NAMES + CORPORA
+
+
+class ToySource:
+    """A toy seq2seq task behind the source interface (``task`` is the task itself)."""
+
+    def __init__(self, task: Task):
+        self.task = task
+
+    @property
+    def vocab_size(self) -> int:
+        return self.task.vocab.size
+
+    def check_split(self, split: str) -> None:
+        self.task.check_split(split)
+
+    def batch(self, *, batch_format: str, batch_size: int, seed: int, step: int, split="train"):
+        return make_batch(
+            self.task,
+            batch_format=batch_format,
+            batch_size=batch_size,
+            seed=seed,
+            step=step,
+            split=split,
+        )
+
+    def assets(self) -> dict:
+        return {}
+
+
+def is_text(name: str) -> bool:
+    """Whether ``data.task=name`` is a text corpus (rather than a toy task)."""
+    return name in CORPORA
+
+
+def open_source(
+    name: str, params: dict[str, Any], *, tokenizer: Tokenizer | None = None
+) -> ToySource | TextSource:
+    """The data ``data.task=name`` with ``data.task_params=params``; ValueError (one line)
+    for an unknown name or parameter. ``tokenizer``: a text corpus's saved tokenizer."""
+    if name not in DATA_NAMES:
+        close = difflib.get_close_matches(str(name), DATA_NAMES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"unknown task {name!r}{hint} (toy tasks: {', '.join(TASK_NAMES)}; text corpora: "
+            f"{', '.join(CORPORA)})"
+        )
+    if is_text(name):
+        return TextSource(name, params, tokenizer=tokenizer)
+    return ToySource(make_task(name, **params))
