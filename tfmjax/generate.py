@@ -8,8 +8,8 @@ the params; the task's vocabulary turns text into ids and back. ``--input`` may 
 A language model of a text task (``data.task = "shakespeare"``) continues plain text with
 the tokenizer saved in its checkpoint, e.g. ``--input "ROMEO:"``; its default decoding is
 the task's sampling (top-k and temperature of ``data.task_params``), and it prints as many
-new tokens as the task's ``sample_tokens`` (or ``--max-new-tokens``), fewer where
-``model.max_len`` ends first.
+new tokens as the task's ``sample_tokens`` (or ``--max-new-tokens``), sliding the context
+window on once ``model.max_len`` is full.
 """
 
 from __future__ import annotations
@@ -208,17 +208,48 @@ def _generate_text(experiment, params, step: int, args, strategy) -> int:
     prompts = [tokenizer.encode(text) for text in args.input]
     if not all(prompts):
         raise ValueError('--input is empty: give the text to continue, e.g. "ROMEO:"')
-    room = model_config.max_len - max(len(p) for p in prompts)
-    max_new = args.max_new_tokens or min(task.sample_tokens, room)
-    if max_new < 1:
+    longest = max(len(p) for p in prompts)
+    if longest >= model_config.max_len:
         raise ValueError(
-            f"--input has {model_config.max_len - room} tokens, which fill the model's "
+            f"--input has {longest} tokens, which fill the model's "
             f"model.max_len={model_config.max_len} positions: give a shorter text"
         )
-    out = generate(build(model_config), params, prompts, strategy, max_new, rng=args.seed)
-    for text, row in zip(args.input, jax.device_get(out.tokens), strict=True):
-        print(text + decode(tokenizer, row, stop_at_eos=True))
+    model = build(model_config)
+    rng = jax.random.key(args.seed)
+    for i, (text, prompt) in enumerate(zip(args.input, prompts, strict=True)):
+        new = continue_text(
+            model,
+            params,
+            prompt,
+            strategy,
+            args.max_new_tokens or task.sample_tokens,
+            jax.random.fold_in(rng, i),
+        )
+        print(text + decode(tokenizer, new, stop_at_eos=True))
     return 0
+
+
+def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: int, rng):
+    """``max_new_tokens`` ids continuing ``prompt`` (fewer if EOS comes), past the model's
+    ``max_len`` too: once the window is full, it slides, keeping the last half of it as the
+    next prompt (nanoGPT's sampling crops its context the same way)."""
+    import jax
+
+    from tfmjax.data.vocab import EOS_ID
+    from tfmjax.decode import generate
+
+    max_len, keep = model.config.max_len, max(model.config.max_len // 2, 1)
+    ids, new = list(prompt), []
+    while len(new) < max_new_tokens:
+        context = ids if len(ids) < max_len else ids[-keep:]
+        n = min(max_new_tokens - len(new), max_len - len(context))
+        rng, key = jax.random.split(rng)
+        out = generate(model, params, [context], strategy, n, rng=key)
+        row = [int(t) for t in jax.device_get(out.tokens)[0][: int(out.lengths[0])]]
+        ids, new = ids + row, new + row
+        if EOS_ID in row or not row:
+            break
+    return new
 
 
 def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:

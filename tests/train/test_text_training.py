@@ -6,12 +6,17 @@ import json
 import math
 import os
 
+import jax
 import pytest
 
 from tfmjax.checkpoint import load_assets, load_for_inference, params_hash
 from tfmjax.config import ConfigError, from_dict
+from tfmjax.data.vocab import EOS_ID
+from tfmjax.decode import Greedy
 from tfmjax.evaluate import evaluate_checkpoint, format_report
+from tfmjax.generate import continue_text
 from tfmjax.generate import main as generate_main
+from tfmjax.models import build
 from tfmjax.train.loop import train
 from tfmjax.train.metrics_log import deterministic_part, read_records
 
@@ -51,6 +56,14 @@ def experiment(workdir, family="decoder_only", steps=60, **data):
 
 def run(exp, **kw):
     return train(exp, progress=False, plot=False, stream=open(os.devnull, "w"), **kw)
+
+
+def exp_model(workdir):
+    return from_dict(load_for_inference(workdir)[0]).model
+
+
+def params_of(workdir):
+    return load_for_inference(workdir)[1]
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +106,12 @@ def test_checkpoint_carries_the_tokenizer_into_eval_and_generate(lm_run, capsys)
     assert capsys.readouterr().out == out
     assert generate_main([str(workdir), "--input", "To be", "--decode", "greedy"]) == 0
     assert capsys.readouterr().out.startswith("To be")
+
+    # past model.max_len=32: the window slides (40 new ids, or fewer ending at EOS)
+    new = continue_text(
+        build(exp_model(workdir)), params_of(workdir), [5, 6], Greedy(), 40, jax.random.key(0)
+    )
+    assert len(new) == 40 or new[-1] == EOS_ID
 
     assert generate_main([str(workdir), "--input", "caf\u00e9"]) == 2
     err = capsys.readouterr().err
