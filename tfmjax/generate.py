@@ -194,7 +194,7 @@ def _generate_text(experiment, params, step: int, args, strategy) -> int:
     from tfmjax.checkpoint import load_assets
     from tfmjax.data.text import TextParams
     from tfmjax.data.tokenizers import decode, tokenizer_from_dict
-    from tfmjax.decode import TopK, generate
+    from tfmjax.decode import TopK
     from tfmjax.models import build
 
     task = TextParams.parse(experiment.data.task_params)
