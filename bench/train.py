@@ -217,8 +217,11 @@ def bench_hf(spec: dict, repeats: int) -> dict | None:
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=cfg.bos_id,  # GPT-2's own 50256 lies outside this vocabulary
+        eos_token_id=2,
     )
     model = GPT2LMHeadModel(hf_cfg).train()
+    model.loss_type = "ForCausalLM"  # the loss it falls back to anyway, without a warning
     opt = torch.optim.AdamW(
         model.parameters(),
         lr=o.learning_rate,
