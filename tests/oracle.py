@@ -7,8 +7,12 @@ Conventions (those of ``tfmjax.kernels.attention``):
 
 * ``q [B,T,N,H]``, ``k, v [B,S,K,H]``; query head ``n`` uses key/value head ``n // (N/K)``.
 * Query ``t`` sits at absolute position ``p = q_offset + t``, key ``s`` at position ``s``.
-* A key is visible when every rule that is switched on holds: causal ``s <= p``; window
-  ``w``: ``|p - s| <= w``; segment ids: ``q_seg[t] == kv_seg[s] != 0`` (0 = padding).
+* A key is visible when every rule that is switched on holds: causal ``s <= p``; segment
+  ids: ``q_seg[t] == kv_seg[s] != 0`` (0 = padding); and the sparse pattern, where ``d = p -
+  s``: window ``w`` alone: ``|d| <= w``; stride ``r`` (Child et al. 2019): ``|d| < r`` (or
+  ``|d| <= w`` with a window) or ``d`` a multiple of ``r`` (negative ``d`` too); global
+  tokens ``g`` (Beltagy et al. 2020): a query ``p < g`` or key ``s < g`` passes the pattern
+  whatever it says (not the causal or segment rules).
 * Scores ``scale * <q, k>`` (``scale`` defaults to ``1/sqrt(H)``), plus ALiBi
   ``-slope_n * |p - s|``, plus a dense ``bias [B|1, N|1, T, S]``; softmax over the visible
   keys; a query that sees no key returns zeros.
@@ -24,13 +28,24 @@ import math
 import numpy as np
 
 
-def oracle_visible(p: int, s: int, *, causal, window, q_seg=None, kv_seg=None) -> bool:
+def oracle_visible(
+    p: int, s: int, *, causal, window, stride=None, global_tokens=0, q_seg=None, kv_seg=None
+) -> bool:
     """Whether the query at absolute position ``p`` (segment ``q_seg``) sees key ``s``."""
     if causal and s > p:
         return False
-    if window is not None and abs(p - s) > window:
-        return False
     if q_seg is not None and (q_seg == 0 or q_seg != kv_seg):
+        return False
+    if p < global_tokens or s < global_tokens:
+        return True  # a global token: the window/stride pattern does not apply
+    distance = p - s
+    if stride is not None:
+        if window is None:
+            local = -stride < distance < stride
+        else:
+            local = -window <= distance <= window
+        return local or distance % stride == 0  # Python's % is a floor modulo
+    if window is not None and abs(distance) > window:
         return False
     return True
 
@@ -44,6 +59,8 @@ def oracle_attention(
     q_segment_ids=None,
     kv_segment_ids=None,
     window=None,
+    stride=None,
+    global_tokens=0,
     alibi_slopes=None,
     bias=None,
     q_offset=0,
@@ -74,6 +91,8 @@ def oracle_attention(
                         s,
                         causal=causal,
                         window=window,
+                        stride=stride,
+                        global_tokens=global_tokens,
                         q_seg=None if q_seg is None else q_seg[b, t],
                         kv_seg=None if kv_seg is None else kv_seg[b, s],
                     ):

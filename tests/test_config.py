@@ -12,6 +12,31 @@ from tfmjax import config as C
 from tfmjax.models import InputError, build
 
 BAD = [
+    ({"model": {"attention": "flash"}}, "model.attention='flash' is invalid: must be one of"),
+    (
+        {"model": {"attention": "mla", "num_kv_heads": 2}},
+        "model.num_kv_heads=2 is invalid: model.attention='mla' compresses keys and values",
+    ),
+    (
+        {"model": {"attention": "mla", "position": "rope", "rope_dim": 5}},
+        r"model.rope_dim=5 is invalid: must be even and in \(0, head width 16\)",
+    ),
+    (
+        {"model": {"attention": "mla", "rope_dim": 4}},
+        "model.rope_dim=4 is invalid: decoupled RoPE features need model.position='rope'",
+    ),
+    ({"model": {"kv_rank": 8}}, "model.kv_rank=8 is invalid: applies to model.attention='mla'"),
+    (
+        {"model": {"attention": "linear", "position": "alibi"}},
+        "model.position='alibi' is invalid: linear attention has no score matrix",
+    ),
+    (
+        {"model": {"attention": "linear", "attention_stride": 4}},
+        "model.attention_stride=4 is invalid: sparse patterns apply to softmax and mla",
+    ),
+    ({"model": {"feature_map": "relu"}}, "model.feature_map='relu' is invalid: must be one of"),
+    ({"model": {"attention_stride": 0}}, "model.attention_stride=0 is invalid: must be > 0"),
+    ({"model": {"global_tokens": -1}}, "model.global_tokens=-1 is invalid: must be >= 0"),
     (
         {"model": {"d_model": 60, "num_heads": 8}},
         "model.d_model=60 is invalid: must be divisible by model.num_heads=8",

@@ -34,6 +34,30 @@ def test_attention_impls_are_the_configs_impls():
     assert tuple(kernels.IMPLS) == C.ATTENTION_IMPLS
 
 
+def test_feature_maps_are_the_configs_feature_maps():
+    from tfmjax.kernels import linear
+
+    assert set(C.FEATURE_MAPS) == set(linear.FEATURE_MAPS)
+
+
+def test_every_attention_system_builds_a_block():
+    """Each ``model.attention`` value is a self-attention module the blocks build."""
+    for attention in C.ATTENTIONS:
+        cfg = C.ModelConfig(
+            family="decoder_only",
+            vocab_size=16,
+            d_model=16,
+            num_heads=2,
+            d_ff=32,
+            num_layers=1,
+            attention=attention,
+        )
+        params = models.build(cfg).init(jax.random.key(0), {"tokens": jnp.ones((1, 4), int)})
+        names = set(params["params"]["decoder"]["layers"]["attention"])
+        expected = {"kv_down", "kv_norm", "key_up", "value_up", "query", "out"}
+        assert names == (expected if attention == "mla" else {"query", "key", "value", "out"})
+
+
 def test_every_configured_schedule_is_built():
     assert schedules.SCHEDULE_NAMES == C.SCHEDULES
     for name in C.SCHEDULES:

@@ -25,6 +25,8 @@ NORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 PAIR_LAYOUTS = ("interleaved", "half_split")  # model.rope_layout, model.sinusoidal_layout
 ATTENTION_IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
+ATTENTIONS = ("softmax", "mla", "linear")  # model.attention: the self-attention system
+FEATURE_MAPS = ("elu", "favor")  # model.feature_map of linear attention
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
 EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity", "bits_per_char")
@@ -113,6 +115,14 @@ class ModelConfig:
     output_bias: bool = False
     dropout_rate: float = 0.0
     window: int | None = None
+    attention_stride: int | None = None
+    global_tokens: int = 0
+    attention: str = "softmax"
+    kv_rank: int | None = None
+    q_rank: int | None = None
+    rope_dim: int | None = None
+    feature_map: str = "elu"
+    num_features: int = 64
     attention_impl: str = "auto"
     scan_layers: bool = True
     remat: bool = False
@@ -129,6 +139,8 @@ class ModelConfig:
         _one_of("model.rope_layout", self.rope_layout, PAIR_LAYOUTS)
         _one_of("model.sinusoidal_layout", self.sinusoidal_layout, PAIR_LAYOUTS)
         _one_of("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        _one_of("model.attention", self.attention, ATTENTIONS)
+        _one_of("model.feature_map", self.feature_map, FEATURE_MAPS)
         _one_of("model.dtype", self.dtype, DTYPES)
         _positive(
             "model",
@@ -146,7 +158,13 @@ class ModelConfig:
             "relative_buckets",
             "relative_max_distance",
             "norm_eps",
+            "attention_stride",
+            "kv_rank",
+            "q_rank",
+            "num_features",
         )
+        _require(self.global_tokens >= 0, "model.global_tokens", self.global_tokens, "must be >= 0")
+        self._check_attention_system()
         if self.head_dim is None:
             _require(
                 self.d_model % self.num_heads == 0,
@@ -217,6 +235,70 @@ class ModelConfig:
                 self.num_decoder_layers,
                 "only encoder_decoder models have a separate decoder",
             )
+
+    def _check_attention_system(self) -> None:
+        """MLA and linear attention: the options that fit each (one ConfigError line)."""
+        if self.attention == "mla":
+            _require(
+                self.num_kv_heads in (None, self.num_heads),
+                "model.num_kv_heads",
+                self.num_kv_heads,
+                "model.attention='mla' compresses keys and values into its latent "
+                "(model.kv_rank) instead of sharing heads: leave num_kv_heads unset",
+            )
+            if self.position == "rope":
+                _require(
+                    self.mla_rope_dim % 2 == 0 and 0 < self.mla_rope_dim < self.head_width,
+                    "model.rope_dim",
+                    self.rope_dim,
+                    f"must be even and in (0, head width {self.head_width})",
+                )
+            else:
+                _require(
+                    self.rope_dim in (None, 0),
+                    "model.rope_dim",
+                    self.rope_dim,
+                    "decoupled RoPE features need model.position='rope'",
+                )
+        elif self.kv_rank is not None or self.q_rank is not None or self.rope_dim is not None:
+            unused = "kv_rank" if self.kv_rank is not None else "q_rank"
+            unused = "rope_dim" if self.rope_dim is not None else unused
+            _require(
+                False, f"model.{unused}", getattr(self, unused), "applies to model.attention='mla'"
+            )
+        if self.attention == "linear":
+            _require(
+                self.position not in ("alibi", "relative"),
+                "model.position",
+                self.position,
+                "linear attention has no score matrix to add a position bias to: use "
+                "sinusoidal, learned, rope or none",
+            )
+            for name in ("window", "attention_stride"):
+                _require(
+                    getattr(self, name) is None,
+                    f"model.{name}",
+                    getattr(self, name),
+                    "sparse patterns apply to softmax and mla attention, not linear",
+                )
+            _require(
+                self.global_tokens == 0,
+                "model.global_tokens",
+                self.global_tokens,
+                "sparse patterns apply to softmax and mla attention, not linear",
+            )
+
+    @property
+    def latent_kv_rank(self) -> int:
+        """MLA's latent width ``R`` (default: 4 head widths, DeepSeek-V2's ratio)."""
+        return 4 * self.head_width if self.kv_rank is None else self.kv_rank
+
+    @property
+    def mla_rope_dim(self) -> int:
+        """MLA's decoupled RoPE features per head (default: half the head width)."""
+        if self.position != "rope":
+            return 0
+        return self.head_width // 2 if self.rope_dim is None else self.rope_dim
 
     @property
     def kv_heads(self) -> int:

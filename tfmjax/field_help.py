@@ -40,6 +40,16 @@ FIELD_HELP = {
     "model.dropout_rate": "residual dropout: embeddings and every sublayer output",
     "model.window": "sliding-window attention: past positions a query sees; none = all",
     "model.attention_impl": "auto, reference, xla, blockwise or pallas",
+    "model.attention_stride": "Sparse Transformer strided pattern: |p-s| < stride or "
+    "(p-s) % stride == 0; none = off",
+    "model.global_tokens": "Longformer global tokens: the first N positions see and are seen "
+    "by all",
+    "model.attention": "self-attention system: softmax, mla (latent KV) or linear (kernelised)",
+    "model.kv_rank": "mla: latent width R of keys/values (none: 4 head widths)",
+    "model.q_rank": "mla: latent width of queries (none: no query compression)",
+    "model.rope_dim": "mla with rope: decoupled RoPE features per head (none: half a head)",
+    "model.feature_map": "linear attention feature map: elu (elu+1) or favor (FAVOR+)",
+    "model.num_features": "linear attention with favor: random features F",
     "model.scan_layers": "scan the layer stack (one compiled layer) instead of unrolling it",
     "model.remat": "recompute activations in the backward pass to save memory",
     "model.dtype": "compute dtype (float32 or bfloat16); parameters stay float32",

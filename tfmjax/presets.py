@@ -80,4 +80,11 @@ PRESETS: dict[str, dict] = {
     "tiny-gpt2": dict(_GPT2, **_TINY),
     "tiny-llama": dict(_LLAMA, **dict(_TINY, d_ff=192), num_kv_heads=2),
     "tiny-bert": dict(_BERT, **_TINY),
+    # Multi-head latent attention (DeepSeek-V2): a 32-wide latent and 8 decoupled RoPE
+    # features per head cache 40 numbers per token and layer instead of 2 x 4 x 16 = 128.
+    "tiny-mla": dict(
+        _LLAMA, **dict(_TINY, d_ff=192), attention="mla", kv_rank=32, q_rank=48, rope_dim=8
+    ),
+    # Linear attention with the elu+1 feature map (Katharopoulos et al. 2020).
+    "tiny-linear": dict(_GPT2, **_TINY, attention="linear", feature_map="elu"),
 }

@@ -25,6 +25,11 @@ DECODER_ONLY = [
     ("tiny-gpt2", {"position": "alibi", "num_kv_heads": 2}),  # GQA
     ("tiny-gpt2", {"position": "relative", "num_kv_heads": 1}),  # MQA
     ("tiny-llama", {"window": 2}),  # RoPE, GQA, window
+    ("tiny-gpt2", {"attention_stride": 3}),  # strided sparse pattern
+    ("tiny-mla", {}),  # latent attention, decoupled RoPE, absorbed at decode time
+    ("tiny-mla", {"position": "alibi", "q_rank": None, "rope_dim": None, "window": 4}),
+    ("tiny-linear", {}),  # recurrent state
+    ("tiny-linear", {"feature_map": "favor", "num_features": 16, "num_kv_heads": 2}),
 ]
 ENCODER_DECODER = [
     ("tiny-vaswani", {}),  # sinusoidal, post-norm
@@ -32,6 +37,8 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"position": "rope", "num_kv_heads": 1, "window": 2}),
     ("tiny-vaswani", {"position": "alibi"}),
     ("tiny-vaswani", {"position": "relative", "window": 2, "scan_layers": False}),
+    ("tiny-vaswani", {"attention": "mla", "kv_rank": 24, "global_tokens": 1}),
+    ("tiny-vaswani", {"attention": "linear", "position": "rope", "num_kv_heads": 1}),
 ]
 STEPS = 5
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -61,7 +68,8 @@ def test_decoder_only_cached_logits_match_full_forward(tiny, name, overrides):
     # Cached: left-padded prompt prefilled in one pass, then one token per step.
     arrays = tuple(map(jnp.asarray, model.prompt_arrays(prompts)))
     logits, cache = PREFILL(model, params, arrays, STEPS + 1)
-    assert cache.capacity == arrays[0].shape[1] + STEPS
+    slots = 0 if cfg.attention == "linear" else arrays[0].shape[1] + STEPS  # linear: no slots
+    assert cache.capacity == slots
     rows = np.arange(len(n))
     for t in range(STEPS + 1):
         np.testing.assert_allclose(np.asarray(logits), ref[rows, n + t], **TOL, err_msg=f"step {t}")
@@ -81,7 +89,7 @@ def test_encoder_decoder_cached_logits_match_full_forward(tiny, name, overrides)
         full_logits(model, params, jnp.asarray(cont), jnp.ones_like(cont), jnp.asarray(inputs))
     )
     logits, cache = PREFILL(model, params, (jnp.asarray(inputs),), STEPS + 1)
-    assert cache.capacity == STEPS + 1
+    assert cache.capacity == (0 if cfg.attention == "linear" else STEPS + 1)
     assert all("cross" in layer for layer in cache.layers)
     assert cache.encoded.shape[:2] == inputs.shape
     cross_before = [layer["cross"]["k"] for layer in cache.layers]
@@ -123,6 +131,38 @@ def test_cache_size_matches_formula_and_pytree(name, overrides):
     if K < cfg.num_heads:  # GQA / MQA shrink it by N / K
         full = kv_cache_bytes(B, L, cfg.num_heads, S, H)
         assert cache.kv_bytes * (cfg.num_heads // K) == full
+
+
+def test_cache_bytes_of_mla_and_linear_attention():
+    """MLA caches ``R + Hr`` numbers per token and layer; linear attention a state whose size
+    does not depend on the length. Formula == the cache pytree, and the per-token figure
+    against MHA, GQA and MQA of the same width."""
+    from tfmjax.models import preset
+
+    B, S = 2, 40
+    mla = preset("tiny-mla")  # width 64, 4 heads of 16, R = 32, Hr = 8
+    cache = build(mla).init_cache(B, S)
+    L = mla.num_layers
+    assert all(sa["k"].shape == (B, 1, S, 32 + 8) for sa in cache.self_attention)
+    assert cache.kv_bytes == build(mla).kv_cache_bytes(B, S) == B * L * S * 40 * 4
+    per_token = {  # numbers cached per token and layer
+        "mha": kv_cache_bytes(1, 1, 4, 1, 16) // 4,
+        "gqa": kv_cache_bytes(1, 1, 2, 1, 16) // 4,
+        "mqa": kv_cache_bytes(1, 1, 1, 1, 16) // 4,
+        "mla": build(mla).kv_cache_bytes(1, 1) // (L * 4),
+    }
+    assert per_token == {"mha": 128, "gqa": 64, "mqa": 32, "mla": 40}
+
+    for name, overrides, F in [
+        ("tiny-linear", {}, 16),
+        ("tiny-linear", {"feature_map": "favor", "num_features": 24, "num_kv_heads": 2}, 24),
+    ]:
+        cfg = preset(name, **overrides)
+        K, H = cfg.kv_heads, cfg.head_width
+        short, long = build(cfg).init_cache(B, 8), build(cfg).init_cache(B, 4096)
+        assert short.kv_bytes == long.kv_bytes == build(cfg).kv_cache_bytes(B, 4096)
+        assert short.kv_bytes == B * cfg.num_layers * K * (F * (H + 1) + 1) * 4  # + log scale
+        assert all(sa["s"].shape == (B, K, F, H) for sa in short.self_attention)
 
 
 def test_gpt2_small_cache_bytes_without_memory():

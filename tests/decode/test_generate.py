@@ -27,6 +27,8 @@ FAMILY_CASES = [
     ("tiny-gpt2", {}),
     ("tiny-llama", {"num_kv_heads": 1, "window": 3}),
     ("tiny-vaswani", {}),
+    ("tiny-mla", {}),
+    ("tiny-linear", {}),
 ]
 
 

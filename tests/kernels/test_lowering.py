@@ -23,7 +23,8 @@ def _lower(platform, fn, *args):
     return text
 
 
-# (B, T, S, N, K, H, dtype, options): one plain case and one with every feature on.
+# (B, T, S, N, K, H, dtype, options): a plain case, one with every feature on, and one
+# with the sparse patterns.
 CONFIGS = {
     "causal_bf16": (1, 256, 256, 4, 2, 64, jnp.bfloat16, dict(causal=True)),
     "all_features_ragged_mqa": (
@@ -41,6 +42,17 @@ CONFIGS = {
             q_segment_ids=jnp.ones((2, 200), jnp.int32),
             kv_segment_ids=jnp.ones((2, 300), jnp.int32),
         ),
+    ),
+    # The sparse patterns (strided, global tokens): rem and the extra global-block loop.
+    "sparse_patterns_gqa2": (
+        1,
+        64,
+        96,
+        4,
+        2,
+        32,
+        jnp.float32,
+        dict(causal=True, window=8, stride=16, global_tokens=4),
     ),
 }
 

@@ -4,13 +4,16 @@ The other kernel tests compare the implementations with ``impl="reference"``, an
 implementation builds its masks with the same ``tfmjax.kernels.masks``: a wrong mask rule
 there is invisible to them. The oracle writes the rules out again from the formulas (causal,
 ``q_offset``, window, segment ids, ALiBi, dense bias, GQA, empty rows), so these tests
-catch it. Values: fp32 against the float64 oracle at rtol = atol = 1e-5. Gradients: ``jax.vjp``
+catch it. The sparse patterns (``stride``: Child et al. 2019; ``global_tokens``: Beltagy et
+al. 2020) are cases here too, alone and combined with windows, segment ids, ``q_offset``
+and GQA. Values: fp32 against the float64 oracle at rtol = atol = 1e-5. Gradients: ``jax.vjp``
 of the implementation against central finite differences of the oracle (float64) on tiny
 shapes, atol 1e-4.
 
-Blockwise and pallas (interpret mode on CPU) run with blocks of 2 and 4 so that the 5..8
+Blockwise and pallas (interpret mode on CPU) run with blocks of 2 and 4 so that the 5..16
 long sequences span several query and key blocks: ragged edges, block skipping (causal,
-window) and masked-vs-unmasked blocks all take part.
+window, the global-token blocks apart from the band) and masked-vs-unmasked blocks all
+take part.
 """
 
 import importlib.util
@@ -125,6 +128,76 @@ CASES = {
             scale=0.3,
         ),
     ),
+    # Sparse patterns (masks.py): strided (Child et al. 2019), global tokens (Beltagy et al.
+    # 2020). With 16 keys in blocks of 4, "global1_window1_causal" skips key block 1 for
+    # the last query blocks (band: blocks 2-3, global keys: block 0).
+    "stride3_causal": (12, 12, 2, dict(causal=True, stride=3)),
+    "stride4_bidirectional_t_lt_s": (6, 12, 4, dict(stride=4)),
+    "stride3_window1_causal_mqa": (12, 12, 1, dict(causal=True, stride=3, window=1)),
+    "stride4_window0_bidirectional": (8, 12, 2, dict(stride=4, window=0)),
+    "global2_without_pattern": (8, 8, 2, dict(causal=True, global_tokens=2)),
+    "global1_window1_causal": (16, 16, 2, dict(causal=True, window=1, global_tokens=1)),
+    "global3_window1_bidirectional": (12, 12, 4, dict(window=1, global_tokens=3)),
+    "global2_stride4_causal": (12, 12, 2, dict(causal=True, stride=4, global_tokens=2)),
+    "global2_stride5_bidirectional_mqa": (12, 12, 1, dict(stride=5, global_tokens=2)),
+    "stride3_segments_padding": (
+        10,
+        12,
+        2,
+        dict(
+            stride=3,
+            q_segment_ids=seg([[1] * 7 + [0] * 3, [1] * 10]),
+            kv_segment_ids=seg([[1] * 9 + [0] * 3, [1] * 12]),
+        ),
+    ),
+    # Global tokens 0, 1 are in segment 1 (row 0) and 3 (row 1): segment 2 never sees them.
+    "global2_window1_segments_packing_causal": (
+        12,
+        12,
+        2,
+        dict(
+            causal=True,
+            window=1,
+            global_tokens=2,
+            q_segment_ids=seg([[1] * 5 + [2] * 6 + [0], [3] * 8 + [4] * 4]),
+            kv_segment_ids=seg([[1] * 5 + [2] * 6 + [0], [3] * 8 + [4] * 4]),
+        ),
+    ),
+    "decode_t1_stride4": (1, 16, 2, dict(causal=True, stride=4, q_offset=13)),
+    "decode_t3_global2_window2": (
+        3,
+        16,
+        2,
+        dict(causal=True, window=2, global_tokens=2, q_offset=10),
+    ),
+    # Queries at 1, 2 are global (see every earlier key), the one at 3 is not.
+    "decode_t3_global_queries": (
+        3,
+        12,
+        1,
+        dict(causal=True, window=1, global_tokens=3, q_offset=1),
+    ),
+    "q_offset_bidirectional_sparse": (
+        3,
+        12,
+        4,
+        dict(window=1, stride=5, global_tokens=1, q_offset=4),
+    ),
+    "sparse_everything": (
+        12,
+        12,
+        2,
+        dict(
+            causal=True,
+            window=1,
+            stride=4,
+            global_tokens=2,
+            alibi_slopes=SLOPES,
+            q_segment_ids=seg([[1] * 9 + [2] * 3, [3] * 10 + [0] * 2]),
+            kv_segment_ids=seg([[1] * 9 + [2] * 3, [3] * 10 + [0] * 2]),
+            scale=0.3,
+        ),
+    ),
 }
 
 # The reference runs every case; the other paths a subset by default (each case is a fresh
@@ -159,7 +232,28 @@ QUICK = {
     },
 }
 QUICK["reference"] = set(CASES)
+QUICK["xla"] |= {
+    "stride3_causal",
+    "stride4_bidirectional_t_lt_s",
+    "stride3_window1_causal_mqa",
+    "global1_window1_causal",
+    "global3_window1_bidirectional",
+    "global2_stride5_bidirectional_mqa",
+    "stride3_segments_padding",
+    "decode_t1_stride4",
+    "decode_t3_global_queries",
+    "q_offset_bidirectional_sparse",
+    "sparse_everything",
+}
 QUICK["blockwise"] = QUICK["xla"]
+QUICK["pallas"] |= {
+    "stride3_causal",
+    "global1_window1_causal",
+    "global3_window1_bidirectional",
+    "global2_window1_segments_packing_causal",
+    "decode_t3_global_queries",
+    "sparse_everything",
+}
 
 
 def inputs(B, T, S, N, K, H, seed=0, dtype=np.float32):
@@ -229,13 +323,18 @@ def test_dense_mask_defaults_to_no_offset():
     """``dense_mask`` without ``q_offset`` puts query t at position t (prefill, training)."""
     from tfmjax.kernels.masks import dense_mask
 
-    for causal, window in [(True, None), (False, 1), (True, 2)]:
-        got = np.asarray(dense_mask(4, 6, causal=causal, window=window))[0, 0]
-        want = [
-            [oracle.oracle_visible(t, s, causal=causal, window=window) for s in range(6)]
-            for t in range(4)
-        ]
-        np.testing.assert_array_equal(got, np.array(want))
+    for causal, window, stride, g in [
+        (True, None, None, 0),
+        (False, 1, None, 0),
+        (True, 2, None, 0),
+        (True, None, 2, 0),
+        (False, 0, 3, 1),
+        (False, 1, None, 2),
+    ]:
+        pattern = dict(causal=causal, window=window, stride=stride, global_tokens=g)
+        got = np.asarray(dense_mask(4, 6, **pattern))[0, 0]
+        want = [[oracle.oracle_visible(t, s, **pattern) for s in range(6)] for t in range(4)]
+        np.testing.assert_array_equal(got, np.array(want), err_msg=str(pattern))
 
 
 def test_oracle_empty_rows_are_zero():
@@ -283,8 +382,53 @@ GRAD_CASES = {
             kv_segment_ids=seg([[1, 1, 2, 2]]),
         ),
     ),
+    "stride3_causal": (8, 8, 2, 1, dict(causal=True, stride=3)),
+    # Queries 12..15 need key blocks 2-3 (band) and 0 (global key 0), not block 1.
+    "decode_global1_window1_causal": (
+        4,
+        16,
+        2,
+        1,
+        dict(causal=True, window=1, global_tokens=1, q_offset=12),
+    ),
+    "global1_stride4_window0_bidirectional": (
+        8,
+        8,
+        2,
+        2,
+        dict(stride=4, window=0, global_tokens=1),
+    ),
+    "decode_stride3_segments": (
+        3,
+        8,
+        2,
+        1,
+        dict(
+            causal=True,
+            stride=3,
+            q_offset=5,
+            q_segment_ids=seg([[1, 1, 2]]),
+            kv_segment_ids=seg([[1, 1, 1, 1, 1, 1, 2, 2]]),
+        ),
+    ),
+    "sparse_everything": (
+        6,
+        8,
+        2,
+        1,
+        dict(causal=True, window=1, stride=3, global_tokens=1, alibi_slopes=SLOPES[:2]),
+    ),
 }
 GRAD_IMPLS = ("xla", "blockwise", "pallas")
+# Sparse-pattern gradient cases xla runs by default (its gradient is autodiff of the dense
+# mask; the others are slow for it).
+GRAD_QUICK_XLA = {
+    "causal_gqa2",
+    "window1_alibi",
+    "decode_causal_window1",
+    "segments_packing_causal_empty_row",
+    "sparse_everything",
+}
 
 
 def finite_difference_grads(f, arrays, eps=FD_EPS):
@@ -302,9 +446,17 @@ def finite_difference_grads(f, arrays, eps=FD_EPS):
     return grads
 
 
-@pytest.mark.parametrize("impl", GRAD_IMPLS)
-@pytest.mark.parametrize("name", list(GRAD_CASES))
-def test_grads_match_oracle_finite_differences(impl, name):
+def grad_params():
+    for name in GRAD_CASES:
+        for impl in GRAD_IMPLS:
+            slow = impl == "xla" and name not in GRAD_QUICK_XLA
+            yield pytest.param(
+                name, impl, id=f"{name}-{impl}", marks=(pytest.mark.slow,) if slow else ()
+            )
+
+
+@pytest.mark.parametrize("name, impl", list(grad_params()))
+def test_grads_match_oracle_finite_differences(name, impl):
     T, S, N, K, options = GRAD_CASES[name]
     q, k, v = inputs(1, T, S, N, K, 2, seed=7, dtype=np.float64)
     d_out = np.random.default_rng(8).standard_normal((1, T, N, 2))
@@ -338,3 +490,19 @@ def test_oracle_mask_rules_by_hand():
     assert not vis(0, 0, causal=False, window=None, q_seg=0, kv_seg=0)
     assert not vis(0, 0, causal=False, window=None, q_seg=1, kv_seg=2)
     assert vis(0, 0, causal=False, window=None, q_seg=2, kv_seg=2)
+    # Strided: |d| < stride, or d a multiple of stride (either sign when not causal).
+    assert vis(9, 6, causal=True, window=None, stride=4) and vis(
+        9, 1, causal=True, window=None, stride=4
+    )
+    assert not vis(9, 4, causal=True, window=None, stride=4)
+    assert vis(1, 9, causal=False, window=None, stride=4) and not vis(
+        1, 8, causal=False, window=None, stride=4
+    )
+    assert vis(9, 5, causal=True, window=0, stride=4) and not vis(
+        9, 8, causal=True, window=0, stride=4
+    )
+    # Global tokens override the pattern, not causality or segments.
+    assert vis(9, 0, causal=True, window=1, global_tokens=1)
+    assert vis(0, 9, causal=False, window=1, global_tokens=1)
+    assert not vis(0, 9, causal=True, window=1, global_tokens=1)
+    assert not vis(9, 0, causal=True, window=1, global_tokens=1, q_seg=1, kv_seg=2)

@@ -14,6 +14,15 @@ def mha(D, N, K, H, bias):
     return 2 * D * N * H + 2 * D * K * H + (N * H + 2 * K * H + D if bias else 0)
 
 
+def mla(D, N, H, R, Rq, Hr, bias):
+    # Multi-head latent attention: W_DKV (D x (R + Hr): latent and shared RoPE key), its RMSNorm
+    # (R), W_UK (R x N(H - Hr)), W_UV (R x NH); queries W_DQ (D x Rq), RMSNorm, W_UQ (Rq x NH)
+    # or W_Q (D x NH); W_O (NH x D). Biases on the down-projections, W_Q and W_O only.
+    kv = D * (R + Hr) + R + R * N * (H - Hr) + R * N * H + ((R + Hr) if bias else 0)
+    q = D * Rq + Rq + Rq * N * H + (Rq if bias else 0) if Rq else D * N * H + (N * H if bias else 0)
+    return kv + q + N * H * D + (D if bias else 0)
+
+
 def ffn(D, F, gated, bias):
     return (3 if gated else 2) * D * F + ((2 * F if gated else F) + D if bias else 0)
 
@@ -26,6 +35,8 @@ def closed_form(c):
     D, N, K, H, F, V = c.d_model, c.num_heads, c.kv_heads, c.head_width, c.d_ff, c.vocab_size
     gated = c.activation in ("swiglu", "geglu")
     attn, mlp, ln = mha(D, N, K, H, c.use_bias), ffn(D, F, gated, c.use_bias), norm(D, c.norm)
+    if c.attention == "mla":  # (self-attention; linear attention has MHA's projections)
+        attn = mla(D, N, H, c.latent_kv_rank, c.q_rank, c.mla_rope_dim, c.use_bias)
     total = V * D  # token embedding
     total += c.max_len * D if c.position == "learned" else 0
     total += 0 if c.tie_embeddings else V * D  # untied output projection

@@ -1,7 +1,7 @@
 """One attention entry point over several implementations (see DESIGN.md).
 
-``attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window,
-alibi_slopes, bias, q_offset, scale, impl)`` with ``q [B,T,N,H]`` and
+``attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, stride,
+global_tokens, alibi_slopes, bias, q_offset, scale, impl)`` with ``q [B,T,N,H]`` and
 ``k, v [B,S,K,H]`` (K divides N) returns ``[B,T,N,H]``. Every ``impl`` has the
 semantics of ``impl="reference"``; :func:`choose_impl` says what ``"auto"`` picks on one
 platform.
@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import numbers
 
 import jax
 
@@ -86,7 +87,21 @@ def _pallas_available() -> bool:
     return _available("pallas")
 
 
-def _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window):
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_pattern(window, stride, global_tokens):
+    """One-line errors for the static mask-pattern options (see :mod:`.masks`)."""
+    if window is not None and window < 0:
+        raise ValueError(f"window={window} must be >= 0 (or None for no window)")
+    if stride is not None and not (_is_int(stride) and stride >= 1):
+        raise ValueError(f"stride={stride!r} must be an int >= 1 (or None for no stride)")
+    if not (_is_int(global_tokens) and global_tokens >= 0):
+        raise ValueError(f"global_tokens={global_tokens!r} must be an int >= 0")
+
+
+def _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias):
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(
             f"attention wants q [B,T,N,H] and k, v [B,S,K,H]; got ranks "
@@ -110,8 +125,6 @@ def _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window):
         raise ValueError(f"alibi_slopes must have shape [N={N}], got {alibi_slopes.shape}")
     if bias is not None and (bias.ndim != 4 or bias.shape[-2:] != (T, k.shape[1])):
         raise ValueError(f"bias must be [B|1, N|1, T={T}, S={k.shape[1]}], got {bias.shape}")
-    if window is not None and window < 0:
-        raise ValueError(f"window={window} must be >= 0 (or None for no window)")
 
 
 def attention(
@@ -123,6 +136,8 @@ def attention(
     q_segment_ids=None,
     kv_segment_ids=None,
     window: int | None = None,
+    stride: int | None = None,
+    global_tokens: int = 0,
     alibi_slopes=None,
     bias=None,
     q_offset=0,
@@ -134,18 +149,26 @@ def attention(
     ``causal``: query at absolute position ``q_offset + t`` sees keys ``s <= q_offset + t``.
     ``q_segment_ids [B,T]``, ``kv_segment_ids [B,S]``: attend only within equal, non-zero ids
     (0 = padding). ``window``: how many past (and, if not causal, future) positions a query
-    sees. ``alibi_slopes [N]``: adds ``-slope * |p - s|``. ``bias [B|1,N|1,T,S]``: added to
-    the scores. ``scale`` defaults to ``1/sqrt(H)``. Rows that see nothing return zeros.
+    sees. ``stride``: the Sparse Transformer's strided pattern (Child et al. 2019): keys at
+    distance ``|p - s| < stride`` (or ``<= window`` with a window) or at a multiple of
+    ``stride``. ``global_tokens = g``: positions ``< g`` attend to and are attended by every
+    position (Longformer, Beltagy et al. 2020), overriding window and stride but not causal
+    masks or segment ids. Exact rules: :mod:`tfmjax.kernels.masks`. ``alibi_slopes [N]``:
+    adds ``-slope * |p - s|``. ``bias [B|1,N|1,T,S]``: added to the scores. ``scale``
+    defaults to ``1/sqrt(H)``. Rows that see nothing return zeros.
 
     ``impl="pallas"`` and ``impl="auto"`` are resolved per platform when the computation is
     lowered (see the module docstring), not from the default backend at trace time.
     """
-    _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias, window)
+    _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias)
+    _check_pattern(window, stride, global_tokens)
     kw = dict(
         causal=causal,
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
         window=window,
+        stride=stride,
+        global_tokens=global_tokens,
         alibi_slopes=alibi_slopes,
         bias=bias,
         q_offset=q_offset,

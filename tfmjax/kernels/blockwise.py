@@ -11,6 +11,13 @@ softmax recurrence), so no ``T x S`` array ever exists. The result is exact.
   and the sub-range it sees entirely. The inner loop runs only over the needed
   range (its bounds are traced scalars, so a traced ``q_offset`` skips too), and
   only blocks on the edge of the range pay for building and applying a mask.
+  :func:`pattern_ranges` adds the sparse patterns of :mod:`tfmjax.kernels.masks`:
+  window-only (and plain causal) masks skip exactly as :func:`block_range` says; a
+  ``stride`` (Child et al. 2019) reaches keys at any distance, so the needed range is the
+  causal one (all blocks up to the diagonal, or all when not causal) and only blocks
+  inside the local band are unmasked; ``global_tokens`` (Beltagy et al. 2020) add the key
+  blocks holding ``s < g`` as a masked range of their own before the band, and a query
+  block holding ``p < g`` visits the whole causal range.
 * **Backward.** ``jax.custom_vjp``: the forward saves only ``O`` and the row
   log-sum-exp ``lse = m + log l``; the backward recomputes ``P = exp(S - lse)`` block
   by block (FlashAttention-2), in one pass: outer loop over query blocks carrying
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -84,15 +92,36 @@ class BlockSizes:
 # Block geometry, shared with pallas_attention.py.
 
 
-def distance_bounds(causal: bool, window: int | None):
-    """Bounds ``(dmin, dmax)`` on ``d = p - s`` for a visible pair (None = unbounded).
+def distance_bounds(causal: bool, window: int | None, stride: int | None = None):
+    """Bounds ``(dmin, dmax)`` on ``d = p - s`` for a pair the causal rule and the
+    window/stride pattern allow (None = unbounded); global tokens aside.
 
     The same rule as :func:`masks.allowed`: causal is ``s <= p`` (``d >= 0``), a window
-    is ``|d| <= window``.
+    is ``|d| <= window``. A stride allows ``d % stride == 0`` at any distance, so it
+    bounds nothing beyond causality.
     """
+    if stride is not None:
+        return (0 if causal else None), None
     dmin = 0 if causal else (None if window is None else -window)
     dmax = None if window is None else window
     return dmin, dmax
+
+
+def full_distance_bounds(causal: bool, window: int | None, stride: int | None = None):
+    """Bounds ``(dmin, dmax)`` on ``d`` inside which every pair is allowed by the causal rule
+    and the window/stride pattern (segments and padding aside). Without a stride, those of
+    :func:`distance_bounds`; with one, the local band (``|d| < stride``, or ``|d| <=
+    window`` with a window) -- or everything for ``stride == 1``, which divides every d."""
+    if stride is None:
+        return distance_bounds(causal, window)
+    local = None if stride == 1 else (stride - 1 if window is None else window)
+    return distance_bounds(causal, local)
+
+
+def _transposed(bounds):
+    """Bounds on ``-d`` from bounds on ``d``."""
+    dmin, dmax = bounds
+    return (None if dmax is None else -dmax), (None if dmin is None else -dmin)
 
 
 def _floor_div(x, d: int):
@@ -104,7 +133,16 @@ def _floor_div(x, d: int):
 
 
 def block_range(
-    a_lo, a_hi, block: int, num_blocks: int, dmin, dmax, *, num_full: int, full_ok: bool = True
+    a_lo,
+    a_hi,
+    block: int,
+    num_blocks: int,
+    dmin,
+    dmax,
+    *,
+    num_full: int,
+    full_ok: bool = True,
+    full_bounds=None,
 ):
     """Which blocks of the other axis positions ``a_lo..a_hi`` of this axis need.
 
@@ -113,7 +151,9 @@ def block_range(
     ``lo <= flo <= fhi <= hi``: blocks in ``[lo, hi)`` hold at least one visible pair,
     blocks in ``[flo, fhi)`` only visible pairs (so need no mask). ``num_full``: how many
     leading blocks hold no padding; ``full_ok=False`` (segment ids) marks every block
-    as needing a mask. ``a_lo``, ``a_hi`` may be traced scalars.
+    as needing a mask. ``full_bounds``: ``(dmin, dmax)`` for ``[flo, fhi)`` when only a
+    narrower band than ``[dmin, dmax]`` is entirely visible (default: ``[dmin, dmax]``).
+    ``a_lo``, ``a_hi`` may be traced scalars.
     """
     div = _floor_div
     a_lo = jnp.asarray(a_lo, jnp.int32)
@@ -124,6 +164,8 @@ def block_range(
     hi = jnp.maximum(hi, lo)
     if not full_ok:
         return lo, hi, hi, hi
+    if full_bounds is not None:
+        dmin, dmax = full_bounds
     flo = lo if dmax is None else -div(dmax - a_hi, block)  # ceil((a_hi - dmax) / block)
     fhi = jnp.int32(num_full) if dmin is None else div(a_lo - dmin + 1, block)
     fhi = jnp.minimum(fhi, num_full)
@@ -132,20 +174,119 @@ def block_range(
     return lo, flo, fhi, hi
 
 
-def block_mask(q_pos, kv_pos, *, causal, window, q_seg=None, kv_seg=None, kv_len=None):
+class BlockRanges(NamedTuple):
+    """The blocks of the other axis one block of this axis visits, in order: ``[glo, ghi)``
+    (blocks holding global tokens below the band; masked; both None when there are no
+    global tokens), then the band ``[lo, flo)`` masked, ``[flo, fhi)`` unmasked, ``[fhi,
+    hi)`` masked, with ``ghi <= lo <= flo <= fhi <= hi``. Entries are int32 scalars."""
+
+    glo: Any
+    ghi: Any
+    lo: Any
+    flo: Any
+    fhi: Any
+    hi: Any
+
+
+# The options of masks.allowed that shape the pattern; _Static and KernelStatic hold them.
+PATTERN_OPTIONS = ("causal", "window", "stride", "global_tokens")
+
+
+def pattern_options(st) -> dict:
+    """``causal``, ``window``, ``stride``, ``global_tokens`` of a static-options object."""
+    return {name: getattr(st, name) for name in PATTERN_OPTIONS}
+
+
+def pattern_ranges(
+    a_lo,
+    a_hi,
+    block: int,
+    num_blocks: int,
+    *,
+    causal: bool,
+    window: int | None,
+    stride: int | None,
+    global_tokens: int,
+    num_full: int,
+    full_ok: bool = True,
+    dual_offset: int | None = None,
+) -> BlockRanges:
+    """:class:`BlockRanges` that positions ``a_lo..a_hi`` of this axis visit under the mask
+    pattern of :func:`masks.allowed` (options as there).
+
+    ``dual_offset`` None: this axis holds query positions ``a = p``, the other key slots.
+    A static int (the dK/dV orientation): this axis holds keys in query-index units ``a = s -
+    dual_offset``, the other query indices ``t`` (so ``p = t + dual_offset``). ``a_lo``,
+    ``a_hi`` may be traced; the pattern options are static.
+
+    Window-only masks: the band of :func:`block_range`, exact. A stride: the band is the
+    causal range, unmasked only inside the local band (:func:`full_distance_bounds`).
+    ``global_tokens = g``: other-axis blocks holding positions ``< g`` (within the causal
+    range) are visited too, masked, and a block of this axis holding a position ``< g``
+    visits the whole causal range.
+    """
+    need = distance_bounds(causal, window, stride)
+    full = full_distance_bounds(causal, window, stride)
+    causal_only = distance_bounds(causal, None)
+    if dual_offset is not None:
+        need, full, causal_only = map(_transposed, (need, full, causal_only))
+    lo, flo, fhi, hi = block_range(
+        a_lo, a_hi, block, num_blocks, *need, num_full=num_full, full_ok=full_ok, full_bounds=full
+    )
+    if not global_tokens or not masks.has_pattern(window, stride):
+        return BlockRanges(None, None, lo, flo, fhi, hi)
+    clo, _, _, chi = block_range(
+        a_lo, a_hi, block, num_blocks, *causal_only, num_full=num_full, full_ok=False
+    )
+    global_end = global_tokens - (dual_offset or 0)  # static: positions below are global
+    # A block holding global positions visits its whole causal range (the band, and its
+    # unmasked part, lie inside that range).
+    a_global = jnp.asarray(a_lo, jnp.int32) < global_end
+    lo, hi = jnp.where(a_global, clo, lo), jnp.where(a_global, chi, hi)
+    # Other-axis blocks holding global positions: [0, ceil(end / block)). Those at or above
+    # lo are in the band already (it reaches at least to d = 0, so past every global
+    # position when this block holds none); the causal ones below lo are [clo, ghi).
+    global_hi = min(max(-(-global_end // block), 0), num_blocks)
+    return BlockRanges(clo, jnp.minimum(global_hi, lo), lo, flo, fhi, hi)
+
+
+def block_mask(
+    q_pos,
+    kv_pos,
+    *,
+    causal,
+    window,
+    stride=None,
+    global_tokens=0,
+    q_seg=None,
+    kv_seg=None,
+    kv_len=None,
+):
     """:func:`masks.allowed` for one block, also masking padded keys ``kv_pos >= kv_len``."""
-    ok = masks.allowed(q_pos, kv_pos, causal=causal, window=window, q_seg=q_seg, kv_seg=kv_seg)
+    ok = masks.allowed(
+        q_pos,
+        kv_pos,
+        causal=causal,
+        window=window,
+        stride=stride,
+        global_tokens=global_tokens,
+        q_seg=q_seg,
+        kv_seg=kv_seg,
+    )
     if kv_len is not None:
         ok = ok & (kv_pos < kv_len)
     return ok
 
 
-def loop_over_ranges(lo, flo, fhi, hi, body, carry):
-    """``body(j, carry, masked)`` for j in ``[lo, flo)``, ``[flo, fhi)``, ``[fhi, hi)``:
-    the middle range unmasked, the edges masked."""
-    carry = lax.fori_loop(lo, flo, functools.partial(body, masked=True), carry)
-    carry = lax.fori_loop(flo, fhi, functools.partial(body, masked=False), carry)
-    return lax.fori_loop(fhi, hi, functools.partial(body, masked=True), carry)
+def loop_over_ranges(ranges: BlockRanges, body, carry):
+    """``body(j, carry, masked)`` over the blocks of ``ranges`` (see :class:`BlockRanges`):
+    the global range and the band's edges masked, the band's middle unmasked."""
+    masked = functools.partial(body, masked=True)
+    if ranges.glo is not None:
+        carry = lax.fori_loop(ranges.glo, ranges.ghi, masked, carry)
+    carry = lax.fori_loop(ranges.lo, ranges.flo, masked, carry)
+    carry = lax.fori_loop(ranges.flo, ranges.fhi, functools.partial(body, masked=False), carry)
+    return lax.fori_loop(ranges.fhi, ranges.hi, masked, carry)
 
 
 # ----------------------------------------------------------------------------------------
@@ -165,6 +306,8 @@ class _Static:
     q_len: int
     kv_len: int
     blocks: BlockSizes
+    stride: int | None = None
+    global_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,19 +387,17 @@ class _Scores:
         self.geo, self.offset, self.slopes, self.prescaled = geo, offset, slopes, prescaled
         self.qk_spec = "GTH,HS->GTS" if k_transposed else "GTH,SH->GTS"
         self.q_seg, self.kv_seg = q_seg, kv_seg  # [nq, bq], [nk, bk] or None
-        self.dmin, self.dmax = distance_bounds(geo.st.causal, geo.st.window)
 
-    def ranges(self, i):
-        """Key-block ranges ``lo, flo, fhi, hi`` for query block ``i``."""
+    def ranges(self, i) -> BlockRanges:
+        """The key blocks query block ``i`` visits."""
         geo = self.geo
         p_lo = self.offset + i * geo.bq
-        return block_range(
+        return pattern_ranges(
             p_lo,
             p_lo + geo.bq - 1,
             geo.bk,
             geo.nk,
-            self.dmin,
-            self.dmax,
+            **pattern_options(geo.st),
             num_full=geo.st.kv_len // geo.bk,
             full_ok=self.q_seg is None,
         )
@@ -278,8 +419,7 @@ class _Scores:
         mask = block_mask(
             q_pos[None, :, None],
             kv_pos[None, None, :],
-            causal=st.causal,
-            window=st.window,
+            **pattern_options(st),
             q_seg=q_seg,
             kv_seg=kv_seg,
             kv_len=st.kv_len if geo.nk * geo.bk != st.kv_len else None,
@@ -312,7 +452,7 @@ def _forward_group(geo: _Geometry, prescaled: bool, offset, q_b, k_b, v_b, q_seg
             jnp.zeros(rows, jnp.float32),
             jnp.zeros(qb.shape, jnp.float32),
         )
-        m, l, acc = loop_over_ranges(*scores.ranges(i), body, init)
+        m, l, acc = loop_over_ranges(scores.ranges(i), body, init)
         seen = l > 0
         l_safe = jnp.where(seen, l, 1.0)
         lse = jnp.where(seen, m + jnp.log(l_safe), jnp.inf)
@@ -358,7 +498,7 @@ def _backward_group(
             return dq + jnp.einsum("GTS,SH->GTH", ds, kb, **f32), dk, dv
 
         dq, dk, dv = loop_over_ranges(
-            *scores.ranges(i), body, (jnp.zeros(qb.shape, jnp.float32), *dkv)
+            scores.ranges(i), body, (jnp.zeros(qb.shape, jnp.float32), *dkv)
         )
         return (dk, dv), dq
 
@@ -449,9 +589,12 @@ def attention(
     bias,
     q_offset,
     scale,
+    stride: int | None = None,
+    global_tokens: int = 0,
     block_sizes: BlockSizes | None = None,
 ):
-    """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]``; see the module docstring.
+    """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]``; see the module docstring (mask
+    options as in :mod:`tfmjax.kernels.masks`).
 
     ``q_offset`` may be a traced int32 scalar (decoding); block skipping still applies.
     """
@@ -467,6 +610,8 @@ def attention(
         q_len=q.shape[1],
         kv_len=k.shape[1],
         blocks=block_sizes or BlockSizes(),
+        stride=None if stride is None else int(stride),
+        global_tokens=int(global_tokens),
     )
     if q_segment_ids is not None:
         q_segment_ids = q_segment_ids.astype(jnp.int32)

@@ -42,6 +42,10 @@ of the module for each of its platforms, and each flavour's call lowers for its 
 
 Features: causal masks and sliding windows skip whole blocks (the loop runs only over
 the needed key blocks, and only blocks on the edge of the visible band build a mask);
+the sparse patterns of :mod:`tfmjax.kernels.masks` -- strided (Child et al. 2019) and
+global tokens (Beltagy et al. 2020) -- with the block ranges of
+:func:`~tfmjax.kernels.blockwise.pattern_ranges` (a stride visits the whole causal range,
+global key blocks are an extra masked range, a block holding global queries sees all);
 segment ids (padding and packing); GQA/MQA by index mapping (a query head reads key/value
 head ``n // G``; nothing is repeated); ALiBi slopes applied in-kernel per block; ``T``
 and ``S`` padded up to the blocks (padded keys masked, padded queries dropped); ``H``
@@ -293,10 +297,14 @@ def attention(
     bias,
     q_offset,
     scale,
+    stride: int | None = None,
+    global_tokens: int = 0,
     block_sizes: BlockSizes | None = None,
     platform: str | None = None,
 ):
-    """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` with the Pallas kernels.
+    """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` with the Pallas kernels; the mask
+    options (``causal``, ``window``, ``stride``, ``global_tokens``, segment ids) are those of
+    :mod:`tfmjax.kernels.masks`.
 
     ``platform`` picks the kernels. None (default): chosen when the computation is lowered,
     with ``lax.platform_dependent`` -- Triton for ``cuda``/``rocm``, Mosaic for ``tpu``, the
@@ -323,6 +331,8 @@ def attention(
         alibi_slopes=alibi_slopes,
         q_offset=q_offset,
         scale=scale,
+        stride=stride,
+        global_tokens=global_tokens,
         block_sizes=block_sizes,
     )
     if platform is not None:
@@ -354,6 +364,8 @@ def _attention(
     alibi_slopes,
     q_offset,
     scale,
+    stride,
+    global_tokens,
     block_sizes: BlockSizes | None,
 ):
     """The kernels of one flavour (``platform``: ``"cpu"``, ``"cuda"`` or ``"tpu"``)."""
@@ -372,6 +384,8 @@ def _attention(
         platform=platform,
         causal=bool(causal),
         window=None if window is None else int(window),
+        stride=None if stride is None else int(stride),
+        global_tokens=int(global_tokens),
         scale=float(scale),
         blocks=blocks,
         static_offset=static_offset,
@@ -381,7 +395,17 @@ def _attention(
 # A jit of its own so that tracing the kernels is cached: a call with the same shapes and
 # options (the layers of an unrolled model, a re-traced step) reuses the traced kernels.
 @functools.partial(
-    jax.jit, static_argnames=("platform", "causal", "window", "scale", "blocks", "static_offset")
+    jax.jit,
+    static_argnames=(
+        "platform",
+        "causal",
+        "window",
+        "stride",
+        "global_tokens",
+        "scale",
+        "blocks",
+        "static_offset",
+    ),
 )
 def _kernels(
     q,
@@ -395,6 +419,8 @@ def _kernels(
     platform,
     causal,
     window,
+    stride,
+    global_tokens,
     scale,
     blocks,
     static_offset,
@@ -413,6 +439,8 @@ def _kernels(
         groups=N // K,
         blocks=blocks,
         platform=platform,
+        stride=stride,
+        global_tokens=global_tokens,
     )
     Tp, Sp = st.padded_lens
     Hp = max(pow2(H), 16 if platform == "cuda" else 1)

@@ -19,10 +19,11 @@ from tfmjax.kernels import masks
 from tfmjax.kernels.blockwise import (
     MASK_VALUE,
     ROW_MAX_INIT,
+    BlockRanges,
     block_mask,
-    block_range,
-    distance_bounds,
     loop_over_ranges,
+    pattern_options,
+    pattern_ranges,
 )
 
 GPU_PLATFORMS = ("cuda", "gpu", "rocm")
@@ -47,6 +48,8 @@ class KernelStatic:
     groups: int  # G = N / K
     blocks: object  # pallas_attention.BlockSizes
     platform: str  # "cpu" (interpret), "cuda", "tpu"
+    stride: int | None = None  # the sparse patterns of tfmjax.kernels.masks
+    global_tokens: int = 0
 
     def geometry(self, block_q: int, block_k: int):
         """``bq, bk`` clipped to the lengths; ``nq, nk``: blocks holding real rows."""
@@ -118,8 +121,7 @@ class _Block:
         mask = block_mask(
             q_pos,
             kv_pos,
-            causal=st.causal,
-            window=st.window,
+            **pattern_options(st),
             q_seg=q_seg,
             kv_seg=kv_seg,
             kv_len=st.kv_len if st.kv_len % bk else None,
@@ -137,41 +139,41 @@ def _unpack(refs, st: KernelStatic, names):
     return out, refs  # what is left: the outputs
 
 
-def _key_ranges(st: KernelStatic, q_start, bq: int, bk: int, nk: int):
-    """Key-block ranges ``lo, flo, fhi, hi`` for queries ``q_start .. q_start + bq - 1``."""
+def _key_ranges(st: KernelStatic, q_start, bq: int, bk: int, nk: int) -> BlockRanges:
+    """The key blocks queries ``q_start .. q_start + bq - 1`` visit."""
     if st.static_offset is None:  # traced q_offset: visit every block, all masked
-        return 0, nk, nk, nk
+        return BlockRanges(None, None, 0, nk, nk, nk)
     p_lo = st.static_offset + q_start
-    return block_range(
+    return pattern_ranges(
         p_lo,
         p_lo + bq - 1,
         bk,
         nk,
-        *distance_bounds(st.causal, st.window),
+        **pattern_options(st),
         num_full=st.kv_len // bk,
         full_ok=not st.has_seg,
     )
 
 
-def _query_ranges(st: KernelStatic, k_start, bq: int, bk: int, nq: int):
-    """Query-block ranges for keys ``k_start .. k_start + bk - 1`` (the dual of the above)."""
+def _query_ranges(st: KernelStatic, k_start, bq: int, bk: int, nq: int) -> BlockRanges:
+    """The query blocks keys ``k_start .. k_start + bk - 1`` visit (the dual of the above)."""
     if st.static_offset is None:
-        return 0, nq, nq, nq
-    dmin, dmax = distance_bounds(st.causal, st.window)
+        return BlockRanges(None, None, 0, nq, nq, nq)
     a_lo = k_start - st.static_offset  # key positions in query-index units
-    lo, flo, fhi, hi = block_range(
+    ranges = pattern_ranges(
         a_lo,
         a_lo + bk - 1,
         bq,
         nq,
-        None if dmax is None else -dmax,
-        None if dmin is None else -dmin,
+        **pattern_options(st),
         num_full=nq,
         full_ok=not st.has_seg,
+        dual_offset=st.static_offset,
     )
     if st.kv_len % bk:  # the last key block holds padding: mask it all
-        fhi = jnp.where(k_start + bk > st.kv_len, flo, fhi)
-    return lo, flo, fhi, hi
+        fhi = jnp.where(k_start + bk > st.kv_len, ranges.flo, ranges.fhi)
+        ranges = ranges._replace(fhi=fhi)
+    return ranges
 
 
 # ----------------------------------------------------------------------------------------
@@ -204,7 +206,7 @@ def fwd_kernel(*refs, st: KernelStatic, bq: int, bk: int, nk: int):
         jnp.zeros((bq, 1), jnp.float32),
         jnp.zeros(q.shape, jnp.float32),
     )
-    m, l, acc = loop_over_ranges(*_key_ranges(st, q_start, bq, bk, nk), body, init)
+    m, l, acc = loop_over_ranges(_key_ranges(st, q_start, bq, bk, nk), body, init)
     seen = l > 0
     l_safe = jnp.where(seen, l, 1.0)
     o_ref[...] = (acc / l_safe).astype(o_ref.dtype)
@@ -231,7 +233,7 @@ def dq_kernel(*refs, st: KernelStatic, bq: int, bk: int, nk: int):
         )
 
     dq = loop_over_ranges(
-        *_key_ranges(st, q_start, bq, bk, nk), body, jnp.zeros(q.shape, jnp.float32)
+        _key_ranges(st, q_start, bq, bk, nk), body, jnp.zeros(q.shape, jnp.float32)
     )
     dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
 
@@ -276,7 +278,7 @@ def dkv_kernel(*refs, st: KernelStatic, bq: int, bk: int, nq: int):
             )
             return dk, dv
 
-        return loop_over_ranges(*ranges, body, carry)
+        return loop_over_ranges(ranges, body, carry)
 
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, st.groups, head, (zeros, zeros))

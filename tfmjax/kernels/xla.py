@@ -14,9 +14,24 @@ from tfmjax.kernels import masks
 
 
 def attention(
-    q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, alibi_slopes, bias, q_offset, scale
+    q,
+    k,
+    v,
+    *,
+    causal,
+    q_segment_ids,
+    kv_segment_ids,
+    window,
+    alibi_slopes,
+    bias,
+    q_offset,
+    scale,
+    stride=None,
+    global_tokens=0,
 ):
-    """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]``."""
+    """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]``. The mask options (``causal``,
+    ``window``, ``stride``, ``global_tokens``, segment ids) are those of
+    :mod:`tfmjax.kernels.masks`."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     G = N // K
@@ -33,6 +48,8 @@ def attention(
         S,
         causal=causal,
         window=window,
+        stride=stride,
+        global_tokens=global_tokens,
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
         q_offset=q_offset,

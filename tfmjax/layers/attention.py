@@ -32,16 +32,27 @@ def init_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype
     }
 
 
-def _write_cache(cache, k, v, segment_ids):
-    """Write ``k, v [B,T,K,H]`` and ``segment_ids [B,T]`` at slot ``cache["index"]``."""
-    i, T = cache["index"], k.shape[1]
-    k, v = (jnp.swapaxes(x, 1, 2).astype(cache["k"].dtype) for x in (k, v))  # [B,K,T,H]
-    return {
-        "k": jax.lax.dynamic_update_slice(cache["k"], k, (0, 0, i, 0)),
-        "v": jax.lax.dynamic_update_slice(cache["v"], v, (0, 0, i, 0)),
-        "segment_ids": jax.lax.dynamic_update_slice(cache["segment_ids"], segment_ids, (0, i)),
-        "index": i + T,
-    }
+def write_cache(cache, arrays: dict, segment_ids):
+    """Write ``arrays`` (``{"k": [B,T,K,H], ...}``, stored head-major ``[B,K,S,H]``) and
+    ``segment_ids [B,T]`` at slot ``cache["index"]``; the index moves on by ``T``."""
+    i, T = cache["index"], segment_ids.shape[1]
+    out = dict(cache)
+    for name, x in arrays.items():
+        x = jnp.swapaxes(x, 1, 2).astype(cache[name].dtype)  # [B,K,T,H]
+        out[name] = jax.lax.dynamic_update_slice(cache[name], x, (0, 0, i, 0))
+    out["segment_ids"] = jax.lax.dynamic_update_slice(cache["segment_ids"], segment_ids, (0, i))
+    out["index"] = i + T
+    return out
+
+
+def sparse_pattern(window, stride, global_tokens) -> dict:
+    """The structured-mask arguments of :func:`tfmjax.kernels.attention` that are set."""
+    out = {"window": window}
+    if stride is not None:
+        out["stride"] = stride
+    if global_tokens:
+        out["global_tokens"] = global_tokens
+    return out
 
 
 class MultiHeadAttention(nn.Module):
@@ -55,6 +66,8 @@ class MultiHeadAttention(nn.Module):
     rope_base: float | None = None  # None: no RoPE
     rope_layout: str = "interleaved"  # or "half_split" (see apply_rope)
     window: int | None = None
+    stride: int | None = None  # Sparse Transformer's strided pattern (see tfmjax.kernels.masks)
+    global_tokens: int = 0  # Longformer's global tokens: the first positions see and are seen
     scale: float | None = None  # of the attention logits; None: 1/sqrt(head_dim)
     impl: str = "auto"
     dtype: jnp.dtype = jnp.float32
@@ -102,7 +115,7 @@ class MultiHeadAttention(nn.Module):
         q_offset = 0
         if cache is not None:
             q_offset = cache["index"]
-            cache = _write_cache(cache, k, v, q_segment_ids)
+            cache = write_cache(cache, {"k": k, "v": v}, q_segment_ids)
             k, v = jnp.swapaxes(cache["k"], 1, 2), jnp.swapaxes(cache["v"], 1, 2)  # [B,S,K,H]
             kv_segment_ids = cache["segment_ids"]
         out = attention_fn(
@@ -112,7 +125,7 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids,
-            window=self.window,
+            **sparse_pattern(self.window, self.stride, self.global_tokens),
             alibi_slopes=alibi_slopes,
             bias=bias,
             q_offset=q_offset,

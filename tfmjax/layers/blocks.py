@@ -15,6 +15,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfmjax.layers.attention import MultiHeadAttention
+from tfmjax.layers.latent_attention import LatentAttention
+from tfmjax.layers.linear_attention import LinearAttention
 from tfmjax.layers.mlp import FeedForward
 from tfmjax.layers.norms import make_norm
 
@@ -48,6 +50,14 @@ class BlockConfig(NamedTuple):
     rope_base: float | None = None
     rope_layout: str = "interleaved"
     window: int | None = None
+    stride: int | None = None  # strided sparse pattern (self-attention)
+    global_tokens: int = 0  # global tokens (self-attention)
+    attention: str = "softmax"  # self-attention system: softmax, mla, linear
+    kv_rank: int = 0  # mla latent width
+    q_rank: int | None = None  # mla query latent
+    rope_dim: int = 0  # mla decoupled RoPE features
+    feature_map: str = "elu"  # linear attention
+    num_features: int = 64  # linear attention with favor
     attention_scale: float | None = None  # None: 1/sqrt(head_dim)
     attention_impl: str = "auto"
     dtype: Any = jnp.float32
@@ -68,6 +78,45 @@ class _Block(nn.Module):
     cfg: BlockConfig
     deterministic: bool = True
 
+    def _self_attention(self, name: str):
+        """The block's self-attention: softmax (MHA/GQA/MQA), latent (MLA) or linear."""
+        c = self.cfg
+        if c.attention == "mla":
+            return LatentAttention(
+                c.d_model,
+                c.num_heads,
+                c.head_dim,
+                c.kv_rank,
+                q_rank=c.q_rank,
+                rope_dim=c.rope_dim,
+                use_bias=c.use_bias,
+                rope_base=c.rope_base or 10000.0,
+                rope_layout=c.rope_layout,
+                window=c.window,
+                stride=c.stride,
+                global_tokens=c.global_tokens,
+                scale=c.attention_scale,
+                impl=c.attention_impl,
+                norm_eps=c.norm_eps,
+                dtype=c.dtype,
+                name=name,
+            )
+        if c.attention == "linear":
+            return LinearAttention(
+                c.d_model,
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim,
+                feature_map=c.feature_map,
+                num_features=c.num_features,
+                use_bias=c.use_bias,
+                rope_base=c.rope_base,
+                rope_layout=c.rope_layout,
+                dtype=c.dtype,
+                name=name,
+            )
+        return self._attention(name)
+
     def _attention(self, name: str, rope: bool = True, window: bool = True) -> MultiHeadAttention:
         c = self.cfg
         return MultiHeadAttention(
@@ -79,6 +128,8 @@ class _Block(nn.Module):
             rope_base=c.rope_base if rope else None,
             rope_layout=c.rope_layout,
             window=c.window if window else None,
+            stride=c.stride if window else None,
+            global_tokens=c.global_tokens if window else 0,
             scale=c.attention_scale,
             impl=c.attention_impl,
             dtype=c.dtype,
@@ -110,7 +161,7 @@ class SelfAttentionBlock(_Block):
 
     @nn.compact
     def __call__(self, x, cache, inputs: BlockInputs):
-        attn = self._attention("attention")
+        attn = self._self_attention("attention")
         x, cache = self._sublayer(
             x,
             lambda h: attn(
@@ -137,7 +188,7 @@ class DecoderBlock(_Block):
 
     @nn.compact
     def __call__(self, x, cache, inputs: BlockInputs):
-        self_attn = self._attention("attention")
+        self_attn = self._self_attention("attention")
         x, self_cache = self._sublayer(
             x,
             lambda h: self_attn(
@@ -152,7 +203,7 @@ class DecoderBlock(_Block):
             ),
             "attention",
         )
-        # No RoPE and no sliding window across sequences: encoder slots are not decoder positions.
+        # No RoPE and no sparse pattern across sequences: encoder slots are not decoder positions.
         cross = self._attention("cross_attention", rope=False, window=False)
         cross_kv = None
         if cache is not None:

@@ -72,8 +72,9 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        """Preallocated slots ``S`` per row."""
-        return self.self_attention[0]["k"].shape[2]
+        """Preallocated slots ``S`` per row (0 for linear attention's constant-size state)."""
+        first = self.self_attention[0]
+        return first["k"].shape[2] if "k" in first else 0
 
     @property
     def index(self):
@@ -82,8 +83,17 @@ class KVCache:
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of the self-attention keys and values (what :func:`kv_cache_bytes` counts)."""
-        return int(sum(sa["k"].nbytes + sa["v"].nbytes for sa in self.self_attention))
+        """Bytes of the self-attention keys and values (or MLA latents, or linear-attention
+        state): every array but segment ids and indices, what ``model.kv_cache_bytes``
+        counts."""
+        return int(
+            sum(
+                a.nbytes
+                for sa in self.self_attention
+                for name, a in sa.items()
+                if name not in ("segment_ids", "index")
+            )
+        )
 
     @property
     def nbytes(self) -> int:

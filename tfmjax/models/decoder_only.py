@@ -20,16 +20,15 @@ import numpy as np
 from tfmjax.config import ModelConfig
 from tfmjax.data.batching import split_prompt_answer
 from tfmjax.data.vocab import PAD_ID, SEP_ID
-from tfmjax.layers.attention import init_cache as init_layer_cache
 from tfmjax.layers.blocks import BlockInputs, SelfAttentionBlock
 from tfmjax.layers.stack import layer_cache
 from tfmjax.models.cache import KVCache
 from tfmjax.models.checks import check_concrete_tokens, check_length
 from tfmjax.models.common import (
-    DTYPES,
     Embedder,
     OutputHead,
     PositionExtras,
+    init_self_attention_cache,
     make_stack,
     padding_segments,
     positions_from_segments,
@@ -78,7 +77,7 @@ class DecoderOnly(Family, nn.Module):
         T = input_ids.shape[1]
         first = None if cache is None else layer_cache(cache, 0)
         offset = 0 if cache is None else first["index"]
-        kv_len = T if cache is None else first["k"].shape[2]
+        kv_len = T if cache is None or "k" not in first else first["k"].shape[2]
         slopes, bias = self.extras(T, kv_len, offset)
         x = self.embedder(input_ids, positions, deterministic=self.deterministic)
         x, cache = self.stack(x, cache, BlockInputs(positions, segment_ids, slopes, bias))
@@ -124,8 +123,15 @@ class DecoderOnly(Family, nn.Module):
 
     @nn.nowrap
     def check_generation(self, lengths, max_new_tokens: int) -> None:
-        """Prompt + new tokens must fit in ``model.max_len`` positions."""
+        """Prompt + new tokens must fit in ``model.max_len`` positions; with global tokens,
+        prompts must have equal lengths (no left padding)."""
         longest, limit = int(np.max(lengths)), self.config.max_len
+        if self.config.global_tokens and int(np.min(lengths)) != longest:
+            raise ValueError(
+                f"model.global_tokens={self.config.global_tokens} marks the first cache slots "
+                "global, and prompts of unequal length are left-padded, which would shift "
+                "them: generate prompts of equal length together (or one at a time)"
+            )
         if longest + max_new_tokens > limit:
             raise ValueError(
                 f"prompt length {longest} + max_new_tokens {max_new_tokens} = "
@@ -141,8 +147,7 @@ class DecoderOnly(Family, nn.Module):
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         cfg = self.config
         layers = tuple(
-            init_layer_cache(batch, capacity, cfg.kv_heads, cfg.head_width, DTYPES[cfg.dtype])
-            for _ in range(cfg.num_layers)
+            init_self_attention_cache(cfg, batch, capacity) for _ in range(cfg.num_layers)
         )
         return KVCache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32))
 

@@ -19,17 +19,16 @@ import numpy as np
 
 from tfmjax.config import ModelConfig
 from tfmjax.data.vocab import EOS_ID, PAD_ID
-from tfmjax.layers.attention import init_cache as init_layer_cache
 from tfmjax.layers.blocks import BlockInputs, DecoderBlock, EncoderBlock
 from tfmjax.layers.norms import make_norm
 from tfmjax.layers.stack import layer_cache
 from tfmjax.models.cache import KVCache
 from tfmjax.models.checks import check_concrete_tokens, check_length
 from tfmjax.models.common import (
-    DTYPES,
     Embedder,
     OutputHead,
     PositionExtras,
+    init_self_attention_cache,
     make_stack,
     padding_segments,
     positions_from_segments,
@@ -100,7 +99,7 @@ class EncoderDecoder(Family, nn.Module):
         T = input_ids.shape[1]
         first = None if cache is None else layer_cache(cache, 0)["self"]
         offset = 0 if cache is None else first["index"]
-        kv_len = T if cache is None else first["k"].shape[2]
+        kv_len = T if cache is None or "k" not in first else first["k"].shape[2]
         slopes, bias = self.decoder_extras(T, kv_len, offset)
         x = self.embedder(input_ids, positions, deterministic=self.deterministic, side="decoder")
         inputs = BlockInputs(
@@ -165,11 +164,7 @@ class EncoderDecoder(Family, nn.Module):
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         cfg = self.config
         layers = tuple(
-            {
-                "self": init_layer_cache(
-                    batch, capacity, cfg.kv_heads, cfg.head_width, DTYPES[cfg.dtype]
-                )
-            }
+            {"self": init_self_attention_cache(cfg, batch, capacity)}
             for _ in range(cfg.decoder_layers)
         )
         return KVCache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32))

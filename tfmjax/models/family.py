@@ -50,9 +50,8 @@ import numpy as np
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.stack import unstack_params
-from tfmjax.models.cache import kv_cache_bytes
 from tfmjax.models.checks import InputError, check_length, check_tokens
-from tfmjax.models.common import DTYPES
+from tfmjax.models.common import cache_bytes
 
 
 class Family:
@@ -107,16 +106,9 @@ class Family:
         raise NotImplementedError
 
     def kv_cache_bytes(self, batch: int, capacity: int) -> int:
-        """``2 · B · L · K · S · H · bytes`` of the decoder self-attention cache."""
-        cfg = self.config
-        return kv_cache_bytes(
-            batch,
-            self.layer_stacks()["decoder"],
-            cfg.kv_heads,
-            capacity,
-            cfg.head_width,
-            DTYPES[cfg.dtype],
-        )
+        """Bytes of the decoder self-attention cache by formula (:func:`cache_bytes`:
+        ``2 · B · L · K · S · H · bytes`` for softmax attention)."""
+        return cache_bytes(self.config, batch, self.layer_stacks()["decoder"], capacity)
 
     def unrolled(self, params):
         """``(model, params)`` with ``scan_layers=False``: the same function, layers unrolled.

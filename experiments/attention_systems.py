@@ -1,0 +1,195 @@
+"""Train every attention system on the same tasks and tabulate them against softmax attention.
+
+    python experiments/attention_systems.py            # run what is missing, print the table
+    python experiments/attention_systems.py --readme   # ... and rewrite the README's table
+    python experiments/attention_systems.py --only reverse --variants softmax,mla
+
+Each run is ``train.py CONFIG OVERRIDES`` in a subprocess (wall time from start to exit,
+compilation included) on the 2-core CPU; its result is a small JSON file in
+``experiments/results/attention/`` keyed by a hash of the full config, so a rerun only
+trains what is missing or whose config changed, and the sweep can be spread over sittings.
+MLA's latent width is chosen so that its parameter count matches softmax attention's (the
+table shows both counts); linear attention and the sparse patterns have the same
+projections as softmax attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tfmjax.config import load  # noqa: E402
+from tfmjax.models.summary import count_params  # noqa: E402
+
+RESULTS = ROOT / "experiments" / "results" / "attention"
+TASKS = {
+    "reverse": "configs/reverse_decoder.toml",
+    "shakespeare_char": "configs/shakespeare_char.toml",
+}
+# Per task: the overrides of each attention system. MLA's kv_rank equalises parameters:
+# reverse (tiny-gpt2 width 64, biases): 8,320 + 194 R = 16,640 -> R = 43; shakespeare_char
+# (width 128, no biases): 32,768 + 385 R = 65,536 -> R = 85.
+VARIANTS = {
+    "softmax": {"reverse": [], "shakespeare_char": []},
+    "mla": {
+        "reverse": ["model.attention=mla", "model.kv_rank=43"],
+        "shakespeare_char": ["model.attention=mla", "model.kv_rank=85"],
+    },
+    "linear_elu": {
+        "reverse": ["model.attention=linear", "model.feature_map=elu"],
+        "shakespeare_char": ["model.attention=linear", "model.feature_map=elu"],
+    },
+    "linear_favor": {
+        "reverse": ["model.attention=linear", "model.feature_map=favor", "model.num_features=64"],
+        "shakespeare_char": [
+            "model.attention=linear",
+            "model.feature_map=favor",
+            "model.num_features=64",
+        ],
+    },
+    "strided": {  # Sparse Transformer: stride about sqrt(length)
+        "reverse": ["model.attention_stride=5"],
+        "shakespeare_char": ["model.attention_stride=8"],
+    },
+    "window_global": {  # Longformer: a local window and a few global positions
+        "reverse": ["model.window=4", "model.global_tokens=4"],
+        "shakespeare_char": ["model.window=8", "model.global_tokens=4"],
+    },
+}
+README = ROOT / "README.md"
+BEGIN, END = "<!-- attention-systems-table -->", "<!-- /attention-systems-table -->"
+
+
+def config_hash(config_path: str, overrides: list[str]) -> str:
+    exp = load(ROOT / config_path, overrides)
+    raw = exp.to_dict()
+    raw["train"]["workdir"] = ""
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def result_path(task: str, variant: str) -> Path:
+    return RESULTS / f"{task}-{variant}.json"
+
+
+def run_one(task: str, variant: str, extra: list[str]) -> dict:
+    """Train one (task, variant) in a subprocess and return its result record."""
+    overrides = VARIANTS[variant][task] + extra
+    workdir = ROOT / "runs" / "attention" / f"{task}-{variant}"
+    if workdir.exists():
+        subprocess.run(["rm", "-rf", str(workdir)], check=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), str(ROOT / TASKS[task]), *overrides]
+    cmd.append(f"train.workdir={workdir}")
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{task}/{variant} failed:\n{proc.stderr[-2000:]}")
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r.get("split") == "eval"]
+    last = evals[-1]
+    keep = ("exact_match", "token_accuracy", "loss", "bits_per_char")
+    return {
+        "task": task,
+        "variant": variant,
+        "overrides": overrides,
+        "config_hash": config_hash(TASKS[task], overrides),  # extra overrides included
+        "params": count_params(load(ROOT / TASKS[task], overrides).model),
+        "step": last["step"],
+        **{k: last[k] for k in keep if k in last},
+        "curve": [{k: r[k] for k in ("step", *keep) if k in r} for r in evals],
+        "wall_sec": round(wall, 1),
+        "load_before": round(load_before, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def pending(tasks, variants, extra: list[str]) -> list[tuple[str, str]]:
+    """The (task, variant) pairs with no result, or a result of another config."""
+    out = []
+    for task in tasks:
+        for variant in variants:
+            path = result_path(task, variant)
+            want = config_hash(TASKS[task], VARIANTS[variant][task] + extra)
+            if not path.is_file() or json.loads(path.read_text())["config_hash"] != want:
+                out.append((task, variant))
+    return out
+
+
+def table(tasks, variants) -> str:
+    """The markdown table of the stored results (missing ones shown as such)."""
+    lines = [
+        "| task | attention | parameters | result | wall |",
+        "| --- | --- | ---: | --- | ---: |",
+    ]
+    for task in tasks:
+        for variant in variants:
+            path = result_path(task, variant)
+            if not path.is_file():
+                lines.append(f"| `{task}` | {variant} | | not run | |")
+                continue
+            r = json.loads(path.read_text())
+            if task == "shakespeare_char":
+                result = f"val loss {r['loss']:.3f} ({r['bits_per_char']:.3f} bits/char)"
+            else:
+                result = f"exact-match {r['exact_match']:.3f}"
+            lines.append(
+                f"| `{task}` | {variant} | {r['params']:,} | {result} at step {r['step']} "
+                f"| {r['wall_sec']:.0f} s |"
+            )
+    return "\n".join(lines)
+
+
+def write_readme(text: str) -> None:
+    readme = README.read_text()
+    block = f"{BEGIN}\n{text}\n{END}"
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(readme):
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} block to rewrite")
+    README.write_text(pattern.sub(lambda _: block, readme))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=sorted(TASKS), action="append")
+    parser.add_argument("--variants", help="comma-separated subset of " + ", ".join(VARIANTS))
+    parser.add_argument("--readme", action="store_true", help="rewrite the README table")
+    parser.add_argument(
+        "--extra", action="append", default=[], help="override for every run (tests only)"
+    )
+    parser.add_argument("--results", help="results directory (tests only)")
+    args = parser.parse_args(argv)
+    global RESULTS
+    if args.results:
+        RESULTS = Path(args.results)
+    tasks = args.only or list(TASKS)
+    variants = args.variants.split(",") if args.variants else list(VARIANTS)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant {unknown[0]!r}; variants: {', '.join(VARIANTS)}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for task, variant in pending(tasks, variants, args.extra):
+        print(f"training {task} with {variant} ...", flush=True)
+        record = run_one(task, variant, args.extra)
+        result_path(task, variant).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"  {record['wall_sec']:.0f} s, step {record['step']}", flush=True)
+    text = table(tasks, variants)
+    print(text)
+    if args.readme:
+        write_readme(table(list(TASKS), list(VARIANTS)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
