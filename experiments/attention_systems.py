@@ -93,13 +93,15 @@ def run_one(task: str, variant: str, extra: list[str]) -> dict:
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    if proc.returncode != 0:
+    diverged = re.search(r"non-finite loss or gradient at step (\d+)", proc.stderr)
+    if proc.returncode != 0 and not diverged:
         raise RuntimeError(f"{task}/{variant} failed:\n{proc.stderr[-2000:]}")
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r.get("split") == "eval"]
-    last = evals[-1]
+    last = evals[-1] if evals else {"step": 0}
     keep = ("exact_match", "token_accuracy", "loss", "bits_per_char")
     return {
+        "diverged_at": int(diverged.group(1)) if diverged else None,
         "task": task,
         "variant": variant,
         "overrides": overrides,
@@ -140,6 +142,14 @@ def table(tasks, variants) -> str:
                 lines.append(f"| `{task}` | {variant} | | not run | |")
                 continue
             r = json.loads(path.read_text())
+            if r.get("diverged_at"):
+                where = f"diverged (non-finite loss) at step {r['diverged_at']}"
+                if "loss" in r:
+                    where += f"; last eval, step {r['step']}: loss {r['loss']:.3f}"
+                lines.append(
+                    f"| `{task}` | {variant} | {r['params']:,} | {where} | {r['wall_sec']:.0f} s |"
+                )
+                continue
             if task == "shakespeare_char":
                 result = f"val loss {r['loss']:.3f} ({r['bits_per_char']:.3f} bits/char)"
             else:

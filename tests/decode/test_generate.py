@@ -29,6 +29,7 @@ FAMILY_CASES = [
     ("tiny-vaswani", {}),
     ("tiny-mla", {}),
     ("tiny-linear", {}),
+    ("tiny-gpt2", {"window": 1, "global_tokens": 2}),  # prompt lengths decoded apart
 ]
 
 

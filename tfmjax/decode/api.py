@@ -97,16 +97,33 @@ def generate(
         raise ValueError(f"eos_id={eos_id!r} is invalid: must be a token id (int) or None")
     eos = -1 if eos_id is None else int(eos_id)
     key = _as_key(rng, strategy)
-    arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr))
-    return _generate_jit(
-        params,
-        arrays,
-        key,
-        jnp.int32(eos),
-        model=model,
-        strategy=strategy,
-        max_new_tokens=int(max_new_tokens),
+    run = functools.partial(
+        _generate_jit, model=model, strategy=strategy, max_new_tokens=int(max_new_tokens)
     )
+    lengths = prompt_lengths(arr)
+    if model.equal_length_prompts and len(set(lengths.tolist())) > 1:
+        return _by_length(model, params, arr, lengths, key, jnp.int32(eos), run)
+    arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr))
+    return run(params, arrays, key, jnp.int32(eos))
+
+
+def _by_length(model, params, arr, lengths, key, eos, run) -> GenerateOutput:
+    """Generate each group of equal-length prompts apart (group ``i`` samples with
+    ``fold_in(key, i)``) and put the rows back in order: for a family whose prompts must
+    not be padded (``model.equal_length_prompts``, e.g. global tokens counted from slot 0)."""
+    parts = []
+    for i, n in enumerate(sorted(set(lengths.tolist()))):
+        rows = np.flatnonzero(lengths == n)
+        arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr[rows, :n]))
+        parts.append((rows, jax.device_get(run(params, arrays, jax.random.fold_in(key, i), eos))))
+    out = []
+    for field in GenerateOutput._fields:
+        first = getattr(parts[0][1], field)
+        merged = np.zeros((len(arr), *first.shape[1:]), first.dtype)
+        for rows, part in parts:
+            merged[rows] = getattr(part, field)
+        out.append(jnp.asarray(merged))
+    return GenerateOutput(*out)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "strategy", "max_new_tokens"))

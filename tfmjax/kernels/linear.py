@@ -1,7 +1,8 @@
 """Kernelised linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"; FAVOR+ of
 Choromanski et al. 2021, "Rethinking Attention with Performers").
 
-With a positive feature map ``phi: [..., H] -> [..., F]`` the output of query ``i`` is
+With a positive feature map ``phi: [..., H] -> [..., F]`` (in this module ``F`` counts
+features, not the FFN width it names elsewhere) the output of query ``i`` is
 
     z_i = phi(q_i)^T S_i / (phi(q_i)^T zeta_i + eps),
     S_i = sum_j phi(k_j) v_j^T  [F, H],   zeta_i = sum_j phi(k_j)  [F],

@@ -121,17 +121,16 @@ class DecoderOnly(Family, nn.Module):
     def prompt_for_source(self, source_ids: list[int]) -> list[int]:
         return list(source_ids) + [SEP_ID]
 
+    @property
+    def equal_length_prompts(self) -> bool:
+        """Global tokens are the first cache slots, and left padding would shift them, so
+        :func:`tfmjax.decode.generate` decodes prompts of each length apart."""
+        return self.config.global_tokens > 0
+
     @nn.nowrap
     def check_generation(self, lengths, max_new_tokens: int) -> None:
-        """Prompt + new tokens must fit in ``model.max_len`` positions; with global tokens,
-        prompts must have equal lengths (no left padding)."""
+        """Prompt + new tokens must fit in ``model.max_len`` positions."""
         longest, limit = int(np.max(lengths)), self.config.max_len
-        if self.config.global_tokens and int(np.min(lengths)) != longest:
-            raise ValueError(
-                f"model.global_tokens={self.config.global_tokens} marks the first cache slots "
-                "global, and prompts of unequal length are left-padded, which would shift "
-                "them: generate prompts of equal length together (or one at a time)"
-            )
         if longest + max_new_tokens > limit:
             raise ValueError(
                 f"prompt length {longest} + max_new_tokens {max_new_tokens} = "

@@ -11,6 +11,7 @@ Class attributes
   ``batch_format``    the :mod:`tfmjax.data.batching` layout it trains on, or None
   ``token_keys``      batch keys holding token ids (checked on the host)
   ``can_generate``    whether the generation methods exist
+  ``equal_length_prompts``  prompts must not be padded: generation groups them by length
   ``prompt_name``     what its generation prompts are called in error messages
 
 Training (the batch dict of ``batch_format``)
@@ -61,6 +62,7 @@ class Family:
     batch_format: ClassVar[str | None] = None
     token_keys: ClassVar[tuple[str, ...]] = ("tokens",)
     can_generate: ClassVar[bool] = False
+    equal_length_prompts: ClassVar[bool] = False  # decode each prompt length apart
     prompt_name: ClassVar[str] = "prompts"
     config: ModelConfig
 
