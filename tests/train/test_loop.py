@@ -167,9 +167,9 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
 def test_every_training_batch_is_checked(tmp_path, monkeypatch):
     """The loop runs check_batch on every batch, not only on the first: an id outside the
     vocabulary in batch 3 stops the run with a one-line InputError before that step runs."""
-    import tfmjax.train.loop as loop
+    import tfmjax.data.sources as sources
 
-    real_make_batch = loop.make_batch
+    real_make_batch = sources.make_batch
 
     def make_batch(task, **kw):
         batch = real_make_batch(task, **kw)
@@ -178,7 +178,7 @@ def test_every_training_batch_is_checked(tmp_path, monkeypatch):
             batch["inputs"][0, 0] = 16  # model.vocab_size: one past the last id
         return batch
 
-    monkeypatch.setattr(loop, "make_batch", make_batch)
+    monkeypatch.setattr(sources, "make_batch", make_batch)  # what the toy source calls
     done = []
     with pytest.raises(InputError, match=r"inputs has token id 16 at index \[0, 0\]") as info:
         quiet(tiny_experiment(tmp_path), on_step=done.append)
