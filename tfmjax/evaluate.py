@@ -22,24 +22,6 @@ def _workdir(path: Path) -> Path:
     return path
 
 
-def open_checkpoint_source(path, step: int, data):
-    """The data source of a checkpoint's ``data`` config; a text task gets the tokenizer
-    saved in checkpoint ``step`` (never a newly trained one)."""
-    from tfmjax.checkpoint import CheckpointError, load_assets
-    from tfmjax.data.sources import is_text, open_source
-    from tfmjax.data.tokenizers import tokenizer_from_dict
-
-    if not is_text(data.task):
-        return open_source(data.task, data.task_params)
-    saved = load_assets(path, step).get("tokenizer")
-    if saved is None:
-        raise CheckpointError(
-            f"checkpoint step {step} of text task {data.task!r} holds no tokenizer; it was "
-            "written by an older tfmjax: retrain, or evaluate a newer checkpoint"
-        )
-    return open_source(data.task, data.task_params, tokenizer=tokenizer_from_dict(saved))
-
-
 def evaluate_checkpoint(
     path: str | Path,
     *,
@@ -56,7 +38,7 @@ def evaluate_checkpoint(
     The config comes from the checkpoint. Raises CheckpointError (missing, corrupt) or
     ConfigError (a config, split or size that does not fit), each with a one-line message.
     """
-    from tfmjax.checkpoint import load_for_inference
+    from tfmjax.checkpoint import load_for_inference, open_checkpoint_source
     from tfmjax.config import ConfigError, from_dict
     from tfmjax.models.checks import InputError
     from tfmjax.text_evaluator import make_evaluator

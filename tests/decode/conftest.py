@@ -7,31 +7,19 @@ makes it repeat its input with probability ~1), which is what decoding tests nee
 """
 
 import functools
+import importlib.util
+import pathlib
 
-import jax
-import numpy as np
 import pytest
 
 from tfmjax.models import build, preset
 
-
-def random_params(model, seed: int = 0, embed_scale: float = 0.2):
-    shapes = jax.eval_shape(model.init, jax.random.key(0), model.dummy_batch())
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        name = jax.tree_util.keystr(path)
-        if name.endswith("['scale']"):
-            value = 1.0 + 0.1 * rng.standard_normal(leaf.shape)
-        elif "embed" in name:
-            value = embed_scale * rng.standard_normal(leaf.shape)
-        elif "rel_bias" in name:
-            value = 0.5 * rng.standard_normal(leaf.shape)
-        else:
-            value = 0.2 * rng.standard_normal(leaf.shape)
-        return np.asarray(value, leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, shapes)
+_spec = importlib.util.spec_from_file_location(
+    "tfmjax_tests_random_params", pathlib.Path(__file__).resolve().parents[1] / "random_params.py"
+)
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+random_params = _module.random_params
 
 
 @functools.cache

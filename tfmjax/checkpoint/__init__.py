@@ -50,7 +50,12 @@ Only single-host (fully addressable) arrays are hashed; multi-host runs are not 
 
 from tfmjax.checkpoint.errors import CheckpointError
 from tfmjax.checkpoint.hashing import params_hash
-from tfmjax.checkpoint.inference import load_assets, load_config, load_for_inference
+from tfmjax.checkpoint.inference import (
+    load_assets,
+    load_config,
+    load_for_inference,
+    open_checkpoint_source,
+)
 from tfmjax.checkpoint.manager import Checkpointer
 
 __all__ = [
@@ -59,5 +64,6 @@ __all__ = [
     "load_assets",
     "load_config",
     "load_for_inference",
+    "open_checkpoint_source",
     "params_hash",
 ]

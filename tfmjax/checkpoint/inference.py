@@ -91,3 +91,20 @@ def load_for_inference(directory: str | Path):
     finally:
         store.mgr.close()
     return config, params, loaded
+
+
+def open_checkpoint_source(path, step: int, data):
+    """The data source of a checkpoint's ``data`` config; a text task gets the tokenizer
+    saved in checkpoint ``step`` (never a newly trained one)."""
+    from tfmjax.data.sources import is_text, open_source
+    from tfmjax.data.tokenizers import tokenizer_from_dict
+
+    if not is_text(data.task):
+        return open_source(data.task, data.task_params)
+    saved = load_assets(path, step).get("tokenizer")
+    if saved is None:
+        raise CheckpointError(
+            f"checkpoint step {step} of text task {data.task!r} holds no tokenizer; it was "
+            "written by an older tfmjax: retrain, or evaluate a newer checkpoint"
+        )
+    return open_source(data.task, data.task_params, tokenizer=tokenizer_from_dict(saved))

@@ -31,11 +31,44 @@ def attention(
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` in q's dtype. The mask options
     (``causal``, ``window``, ``stride``, ``global_tokens``, segment ids) are those of
     :mod:`tfmjax.kernels.masks`."""
+    probs = probabilities(
+        q,
+        k,
+        causal=causal,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        window=window,
+        alibi_slopes=alibi_slopes,
+        bias=bias,
+        q_offset=q_offset,
+        scale=scale,
+        stride=stride,
+        global_tokens=global_tokens,
+    )
+    return weighted_values(probs, v).astype(q.dtype)
+
+
+def probabilities(
+    q,
+    k,
+    *,
+    causal,
+    q_segment_ids,
+    kv_segment_ids,
+    window,
+    alibi_slopes,
+    bias,
+    q_offset,
+    scale,
+    stride=None,
+    global_tokens=0,
+):
+    """The attention pattern ``softmax(Q K^T * scale + bias, masked)``: ``[B,N,T,S]`` float32
+    (rows with nothing to attend to are all zero)."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
-    qf, kf, vf = (x.astype(jnp.float32) for x in (q, k, v))
+    qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
     kf = jnp.repeat(kf, N // K, axis=2)  # [B,S,N,H]
-    vf = jnp.repeat(vf, N // K, axis=2)
     scores = jnp.einsum("BTNH,BSNH->BNTS", qf, kf) * scale
     if alibi_slopes is not None:
         scores = (
@@ -59,6 +92,11 @@ def attention(
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # empty rows: avoid inf - inf
     weights = jnp.exp(scores - row_max)
     denom = jnp.sum(weights, axis=-1, keepdims=True)
-    probs = weights / jnp.where(denom > 0, denom, 1.0)  # empty rows stay all-zero
-    out = jnp.einsum("BNTS,BSNH->BTNH", probs, vf)
-    return out.astype(q.dtype)
+    return weights / jnp.where(denom > 0, denom, 1.0)  # empty rows stay all-zero
+
+
+def weighted_values(probs, v):
+    """``probs [B,N,T,S]``, ``v [B,S,K,H]`` -> ``[B,T,N,H]`` float32 (K/V heads repeated)."""
+    N, K = probs.shape[1], v.shape[2]
+    vf = jnp.repeat(v.astype(jnp.float32), N // K, axis=2)  # [B,S,N,H]
+    return jnp.einsum("BNTS,BSNH->BTNH", probs, vf)

@@ -10,6 +10,11 @@ slot ``index``; queries attend causally with ``q_offset = index``. Keys and valu
 head-major (``K`` before ``S``) so the attention matmuls read them in place: with ``S`` first,
 XLA transposes every layer's whole cache at every decoding step (measured 1.7x slower per
 step at batch 8 on CPU, bench/decode.py).
+
+Hooks (:mod:`tfmjax.layers.hooks`): ``hook_q [B,T,N,H]``, ``hook_k``/``hook_v [B,S,K,H]``
+(after RoPE), ``hook_pattern [B,N,T,S]`` (formed from q and k only when asked for, whatever
+the kernel), ``hook_z [B,T,N,H]`` (per-head outputs) and ``hook_result [B,T,N,D]`` (each
+head's share of the output, before the sum and the bias).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import jax
 import jax.numpy as jnp
 
 from tfmjax.kernels import attention as attention_fn
+from tfmjax.kernels import reference
+from tfmjax.layers import hooks
+from tfmjax.layers.hooks import hook
 from tfmjax.layers.positions import apply_rope
 
 
@@ -112,16 +120,14 @@ class MultiHeadAttention(nn.Module):
             q = apply_rope(q, q_positions, self.rope_base, self.rope_layout)
             k_positions = q_positions if kv_positions is None else kv_positions
             k = apply_rope(k, k_positions, self.rope_base, self.rope_layout)
+        q, k, v = (hook(self, f"hook_{n}", a) for n, a in (("q", q), ("k", k), ("v", v)))
         q_offset = 0
         if cache is not None:
             q_offset = cache["index"]
             cache = write_cache(cache, {"k": k, "v": v}, q_segment_ids)
             k, v = jnp.swapaxes(cache["k"], 1, 2), jnp.swapaxes(cache["v"], 1, 2)  # [B,S,K,H]
             kv_segment_ids = cache["segment_ids"]
-        out = attention_fn(
-            q,
-            k,
-            v,
+        kw = dict(
             causal=causal,
             q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids,
@@ -130,6 +136,32 @@ class MultiHeadAttention(nn.Module):
             bias=bias,
             q_offset=q_offset,
             scale=self.scale,
-            impl=self.impl,
         )
+        if hooks.wanted(self, "hook_pattern"):
+            out = self._through_pattern(q, k, v, kw)
+        else:
+            out = attention_fn(q, k, v, **kw, impl=self.impl)
+        out = hook(self, "hook_z", out)
+        if hooks.wanted(self, "hook_result"):
+            return self._through_result(out), cache
         return self.out(out), cache
+
+    def _through_pattern(self, q, k, v, kw):
+        """Attention with its pattern ``[B,N,T,S]`` formed (hook ``hook_pattern``). The output
+        is the kernel's unless the pattern is edited: then it is ``pattern · v``."""
+        scale = self.head_dim**-0.5 if self.scale is None else self.scale
+        pattern = hook(self, "hook_pattern", reference.probabilities(q, k, **dict(kw, scale=scale)))
+        if hooks.edited(self, "hook_pattern"):
+            return reference.weighted_values(pattern, v).astype(q.dtype)
+        return attention_fn(q, k, v, **kw, impl=self.impl)
+
+    def _through_result(self, z):
+        """The output with each head's share ``[B,T,N,D]`` formed (hook ``hook_result``); it is
+        ``self.out(z)`` unless the result is edited: then the heads' sum plus the bias."""
+        out = self.variables["params"]["out"]
+        result = jnp.einsum("BTNH,NHD->BTND", z, out["kernel"].astype(z.dtype))
+        result = hook(self, "hook_result", result)
+        if not hooks.edited(self, "hook_result"):
+            return self.out(z)
+        y = jnp.sum(result, axis=2)
+        return y + out["bias"].astype(y.dtype).reshape(1, 1, -1) if self.use_bias else y

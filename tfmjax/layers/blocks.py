@@ -5,6 +5,10 @@ Every sublayer is wrapped by :func:`residual`: pre-norm ``x + f(LN(x))`` or post
 Blocks have the signature ``block(x, cache, inputs) -> (x, cache)`` so that
 :class:`tfmjax.layers.stack.LayerStack` can scan over them; ``inputs`` is a
 :class:`BlockInputs` holding what every layer shares (positions, segment ids, ...).
+
+Hooks ``[B,T,D]`` (see :mod:`tfmjax.layers.hooks`): ``hook_resid_pre``, ``hook_resid_mid``
+(after self-attention), ``hook_resid_mid_cross`` (after cross-attention), ``hook_resid_post``,
+and each sublayer's output ``hook_attn_out``, ``hook_cross_attn_out``, ``hook_mlp_out``.
 """
 
 from __future__ import annotations
@@ -15,10 +19,18 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfmjax.layers.attention import MultiHeadAttention
+from tfmjax.layers.hooks import hook
 from tfmjax.layers.latent_attention import LatentAttention
 from tfmjax.layers.linear_attention import LinearAttention
 from tfmjax.layers.mlp import FeedForward
 from tfmjax.layers.norms import make_norm
+
+# The hook on each sublayer's output (before dropout and the residual sum).
+_OUT_HOOKS = {
+    "attention": "hook_attn_out",
+    "cross_attention": "hook_cross_attn_out",
+    "mlp": "hook_mlp_out",
+}
 
 
 class BlockInputs(NamedTuple):
@@ -64,14 +76,22 @@ class BlockConfig(NamedTuple):
 
 
 def residual(
-    x, sublayer, norm: nn.Module, *, norm_position: str, dropout: nn.Module, deterministic: bool
+    x,
+    sublayer,
+    norm: nn.Module,
+    *,
+    norm_position: str,
+    dropout: nn.Module,
+    deterministic: bool,
+    out_hook=lambda y: y,
 ):
-    """Pre-norm ``x + drop(f(LN(x)))`` or post-norm ``LN(x + drop(f(x)))``; returns (x, aux)."""
+    """Pre-norm ``x + drop(f(LN(x)))`` or post-norm ``LN(x + drop(f(x)))``; returns (x, aux).
+    ``out_hook`` sees (and may replace) the sublayer's output ``f(...)``."""
     if norm_position == "pre":
         y, aux = sublayer(norm(x))
-        return x + dropout(y, deterministic=deterministic), aux
+        return x + dropout(out_hook(y), deterministic=deterministic), aux
     y, aux = sublayer(x)
-    return norm(x + dropout(y, deterministic=deterministic)), aux
+    return norm(x + dropout(out_hook(y), deterministic=deterministic)), aux
 
 
 class _Block(nn.Module):
@@ -145,13 +165,14 @@ class _Block(nn.Module):
             norm_position=c.norm_position,
             dropout=nn.Dropout(c.dropout_rate),
             deterministic=self.deterministic,
+            out_hook=lambda y: hook(self, _OUT_HOOKS[name], y),
         )
 
     def _feed_forward(self, x):
         c = self.cfg
         ff = FeedForward(c.d_ff, c.activation, c.mlp_bias, c.dropout_rate, c.dtype, name="mlp")
         x, _ = self._sublayer(x, lambda h: (ff(h, deterministic=self.deterministic), None), "mlp")
-        return x
+        return hook(self, "hook_resid_post", x)
 
 
 class SelfAttentionBlock(_Block):
@@ -161,6 +182,7 @@ class SelfAttentionBlock(_Block):
 
     @nn.compact
     def __call__(self, x, cache, inputs: BlockInputs):
+        x = hook(self, "hook_resid_pre", x)
         attn = self._self_attention("attention")
         x, cache = self._sublayer(
             x,
@@ -176,7 +198,7 @@ class SelfAttentionBlock(_Block):
             ),
             "attention",
         )
-        return self._feed_forward(x), cache
+        return self._feed_forward(hook(self, "hook_resid_mid", x)), cache
 
 
 class DecoderBlock(_Block):
@@ -188,6 +210,7 @@ class DecoderBlock(_Block):
 
     @nn.compact
     def __call__(self, x, cache, inputs: BlockInputs):
+        x = hook(self, "hook_resid_pre", x)
         self_attn = self._self_attention("attention")
         x, self_cache = self._sublayer(
             x,
@@ -203,6 +226,7 @@ class DecoderBlock(_Block):
             ),
             "attention",
         )
+        x = hook(self, "hook_resid_mid", x)
         # No RoPE and no sparse pattern across sequences: encoder slots are not decoder positions.
         cross = self._attention("cross_attention", rope=False, window=False)
         cross_kv = None
@@ -224,7 +248,7 @@ class DecoderBlock(_Block):
             ),
             "cross_attention",
         )
-        return self._feed_forward(x), cache
+        return self._feed_forward(hook(self, "hook_resid_mid_cross", x)), cache
 
 
 EncoderBlock = SelfAttentionBlock

@@ -1,11 +1,17 @@
 """Position-wise feed-forward networks: ReLU, GELU (Vaswani et al. 2017; exact, or the tanh
-approximation of GPT-2 as ``gelu_tanh``), and the GLU variants SwiGLU, GEGLU (Shazeer 2020)."""
+approximation of GPT-2 as ``gelu_tanh``), and the GLU variants SwiGLU, GEGLU (Shazeer 2020).
+
+Hooks ``[B,T,F]``: ``hook_pre`` (before the activation; the gate of a GLU), ``hook_pre_linear``
+(a GLU's linear half) and ``hook_post`` (the hidden layer the down projection reads).
+"""
 
 from __future__ import annotations
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from tfmjax.layers.hooks import hook
 
 GATED = {
     "swiglu": jax.nn.silu,
@@ -35,12 +41,14 @@ class FeedForward(nn.Module):
             features, use_bias=self.use_bias, dtype=self.dtype, name=name
         )
         if self.activation in GATED:
-            h = GATED[self.activation](dense(self.d_ff, "gate")(x)) * dense(self.d_ff, "up")(x)
+            gate = hook(self, "hook_pre", dense(self.d_ff, "gate")(x))
+            linear = hook(self, "hook_pre_linear", dense(self.d_ff, "up")(x))
+            h = GATED[self.activation](gate) * linear
         elif self.activation in PLAIN:
-            h = PLAIN[self.activation](dense(self.d_ff, "up")(x))
+            h = PLAIN[self.activation](hook(self, "hook_pre", dense(self.d_ff, "up")(x)))
         else:
             raise ValueError(
                 f"activation={self.activation!r} is not one of {', '.join([*PLAIN, *GATED])}"
             )
-        h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+        h = nn.Dropout(self.dropout_rate)(hook(self, "hook_post", h), deterministic=deterministic)
         return dense(x.shape[-1], "down")(h)

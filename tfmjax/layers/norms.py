@@ -1,9 +1,15 @@
-"""LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019), computed in float32."""
+"""LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019), computed in float32.
+
+Hook ``hook_scale [..., 1]``: the normalising factor ``1/sqrt(var + eps)`` (or of the mean
+square); frozen from a cache, it makes the norm linear (direct logit attribution).
+"""
 
 from __future__ import annotations
 
 import flax.linen as nn
 import jax.numpy as jnp
+
+from tfmjax.layers.hooks import hook
 
 
 def _expand(vector, like):
@@ -23,7 +29,7 @@ class LayerNorm(nn.Module):
         xf = x.astype(jnp.float32)
         mean = jnp.mean(xf, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-        y = (xf - mean) * jnp.reciprocal(jnp.sqrt(var + self.eps))
+        y = (xf - mean) * hook(self, "hook_scale", jnp.reciprocal(jnp.sqrt(var + self.eps)))
         return (y * _expand(scale, y) + _expand(bias, y)).astype(x.dtype)
 
 
@@ -36,9 +42,8 @@ class RMSNorm(nn.Module):
     def __call__(self, x):
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
         xf = x.astype(jnp.float32)
-        y = xf * jnp.reciprocal(
-            jnp.sqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps)
-        )
+        inv = jnp.reciprocal(jnp.sqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps))
+        y = xf * hook(self, "hook_scale", inv)
         return (y * _expand(scale, y)).astype(x.dtype)
 
 

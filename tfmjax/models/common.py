@@ -12,6 +12,7 @@ from tfmjax.config import ModelConfig
 from tfmjax.layers.attention import init_cache
 from tfmjax.layers.blocks import BlockConfig
 from tfmjax.layers.embeddings import TokenEmbedding
+from tfmjax.layers.hooks import hook
 from tfmjax.layers.latent_attention import init_latent_cache
 from tfmjax.layers.linear_attention import init_linear_cache
 from tfmjax.layers.mlp import PLAIN
@@ -133,7 +134,8 @@ class Embedder(nn.Module):
     optional norm, dropout. ``[B,T,D]``.
 
     ``side="decoder"`` with ``model.per_side_embeddings``: the decoder's own position table
-    and norm (the token table is always shared).
+    and norm (the token table is always shared). Hooks: ``{side}.hook_embed`` (the scaled
+    token embedding) and ``{side}.hook_pos_embed`` (absolute positions).
     """
 
     cfg: ModelConfig
@@ -162,11 +164,13 @@ class Embedder(nn.Module):
         x = self.tokens(ids)
         if cfg.scale_embeddings:
             x = x * jnp.sqrt(float(cfg.d_model)).astype(x.dtype)
+        x = hook(self, f"{side}.hook_embed", x)
         if cfg.position == "sinusoidal":
             pe = sinusoidal(positions, cfg.d_model, layout=cfg.sinusoidal_layout)
-            x = x + pe.astype(x.dtype)
+            x = x + hook(self, f"{side}.hook_pos_embed", pe.astype(x.dtype))
         elif cfg.position == "learned":
-            x = x + self.learned[own](positions + cfg.position_offset).astype(x.dtype)
+            pe = self.learned[own](positions + cfg.position_offset).astype(x.dtype)
+            x = x + hook(self, f"{side}.hook_pos_embed", pe)
         if cfg.type_vocab_size:
             types = jnp.zeros_like(ids) if token_types is None else token_types
             x = x + self.types(types).astype(x.dtype)

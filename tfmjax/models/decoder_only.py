@@ -79,7 +79,7 @@ class DecoderOnly(Family, nn.Module):
         offset = 0 if cache is None else first["index"]
         kv_len = T if cache is None or "k" not in first else first["k"].shape[2]
         slopes, bias = self.extras(T, kv_len, offset)
-        x = self.embedder(input_ids, positions, deterministic=self.deterministic)
+        x = self.embedder(input_ids, positions, deterministic=self.deterministic, side="decoder")
         x, cache = self.stack(x, cache, BlockInputs(positions, segment_ids, slopes, bias))
         return self.head(x, self.embedder), cache
 

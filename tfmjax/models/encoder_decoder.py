@@ -20,6 +20,7 @@ import numpy as np
 from tfmjax.config import ModelConfig
 from tfmjax.data.vocab import EOS_ID, PAD_ID
 from tfmjax.layers.blocks import BlockInputs, DecoderBlock, EncoderBlock
+from tfmjax.layers.hooks import hook
 from tfmjax.layers.norms import make_norm
 from tfmjax.layers.stack import layer_cache
 from tfmjax.models.cache import KVCache
@@ -87,7 +88,8 @@ class EncoderDecoder(Family, nn.Module):
         slopes, bias = self.encoder_extras(inputs.shape[1], inputs.shape[1])
         x = self.embedder(inputs, positions, deterministic=self.deterministic)
         x, _ = self.encoder(x, None, BlockInputs(positions, segment_ids, slopes, bias))
-        return self.encoder_norm(x) if self.config.norm_position == "pre" else x
+        x = self.encoder_norm(x) if self.config.norm_position == "pre" else x
+        return hook(self, "encoder.hook_out", x)
 
     def decode(self, input_ids, positions, segment_ids, encoded, encoded_segment_ids, cache=None):
         """Decoder over shifted ``input_ids [B,T]`` attending to ``encoded [B,S,D]``.

@@ -1,0 +1,226 @@
+"""QK and OV circuits of softmax attention (Elhage et al. 2021, "A Mathematical Framework for
+Transformer Circuits").
+
+Row-vector convention: activations are rows, ``q = x W_Q``. Per query head ``n`` (its key and
+value weights are those of kv head ``n // (N // K)``):
+
+  QK[n] = W_Q[n] W_K[n]ᵀ   [D,D]   attention logit (before the 1/sqrt(H) scale): x_q QK x_kᵀ
+  OV[n] = W_V[n] W_O[n]    [D,D]   what a head writes for an attended row x: x OV
+  full QK = W_E QK W_Eᵀ    [V,V]   full OV = W_E OV W_U   [V,V]
+
+Copying score: Re(Σλ) / Σ|λ| over the eigenvalues λ of the full OV circuit (+1: the head
+copies the attended token to the output, -1: it suppresses it). Composition score of head A
+(earlier) into head B (later): ‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F) with W_A = OV(A) and
+W_B = QK(B) (Q-composition), QK(B)ᵀ (K-composition) or OV(B) (V-composition).
+
+Everything stays factored through the head width ``H`` (:class:`FactoredMatrix`); nothing of
+size ``D×D`` or ``V×V`` is formed unless asked for with ``.full()``. The circuits read the
+projection kernels only: biases, positions (RoPE, ALiBi, ...), the MLPs and the norms are
+left out (a norm's scale is not folded in), and so is a masked-LM head's transform.
+
+Dimension letters: B batch, T query length, S key length, D d_model, N query heads, K kv heads,
+H head width, V vocab, L layers, R rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+ATTENTION_KEYS = {"attn": "attention", "cross_attn": "cross_attention"}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class FactoredMatrix:
+    """The matrix ``A @ B`` kept as its factors ``A [..., M, R]`` and ``B [..., R, N]``.
+
+    Leading axes (e.g. one per head) broadcast as in ``jnp.matmul``. A pytree: it passes
+    through ``jax.jit`` and ``jax.vmap``.
+    """
+
+    A: jax.Array
+    B: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(..., M, N)``."""
+        batch = jnp.broadcast_shapes(self.A.shape[:-2], self.B.shape[:-2])
+        return (*batch, self.A.shape[-2], self.B.shape[-1])
+
+    @property
+    def rank(self) -> int:
+        """The inner width ``R`` (an upper bound of the matrix rank)."""
+        return self.A.shape[-1]
+
+    def full(self) -> jax.Array:
+        """The dense matrix ``A @ B`` ``[..., M, N]``."""
+        return self.A @ self.B
+
+    @property
+    def T(self) -> FactoredMatrix:
+        """The transpose ``Bᵀ Aᵀ`` ``[..., N, M]``."""
+        return FactoredMatrix(jnp.swapaxes(self.B, -1, -2), jnp.swapaxes(self.A, -1, -2))
+
+    def __getitem__(self, index) -> FactoredMatrix:
+        """Index the leading axes: ``ov[n]`` is head ``n``'s ``[M,N]`` matrix."""
+        return FactoredMatrix(self.A[index], self.B[index])
+
+    def __matmul__(self, other) -> FactoredMatrix:
+        """``self @ other`` for an array ``[..., N, P]`` (rank stays R) or a FactoredMatrix
+        (the smaller of the two inner widths is kept)."""
+        if isinstance(other, FactoredMatrix):
+            inner = self.B @ other.A  # [..., R1, R2]
+            if self.rank <= other.rank:
+                return FactoredMatrix(self.A, inner @ other.B)
+            return FactoredMatrix(self.A @ inner, other.B)
+        return FactoredMatrix(self.A, self.B @ other)
+
+    def __rmatmul__(self, other) -> FactoredMatrix:
+        """``other @ self`` for an array ``[..., P, M]``."""
+        return FactoredMatrix(other @ self.A, self.B)
+
+    def frobenius_norm(self) -> jax.Array:
+        """``‖AB‖_F = sqrt(trace((AᵀA)(BBᵀ)))`` from two ``[R,R]`` Gram matrices. ``[...]``."""
+        ata = jnp.swapaxes(self.A, -1, -2) @ self.A
+        bbt = self.B @ jnp.swapaxes(self.B, -1, -2)
+        return jnp.sqrt(jnp.maximum(jnp.sum(ata * bbt, axis=(-2, -1)), 0.0))
+
+    def eigenvalues(self) -> jax.Array:
+        """Eigenvalues of ``B A`` ``[..., R]`` (complex): the nonzero eigenvalues of ``A B``
+        (square ``M == N``), padded with zeros up to ``R``."""
+        if self.shape[-2] != self.shape[-1]:
+            raise ValueError(f"eigenvalues need a square matrix, got shape {self.shape}")
+        return jnp.linalg.eig(self.B @ self.A)[0]
+
+    def svd(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Thin SVD ``(U [..., M, R'], S [..., R'], Vh [..., R', N])`` with ``R' =
+        min(M, R, N)``, from the QR factors of ``A`` and ``Bᵀ``: ``AB = Qa (Ra Rbᵀ) Qbᵀ``."""
+        qa, ra = jnp.linalg.qr(self.A)
+        qb, rb = jnp.linalg.qr(jnp.swapaxes(self.B, -1, -2))
+        u, s, vh = jnp.linalg.svd(ra @ jnp.swapaxes(rb, -1, -2), full_matrices=False)
+        return qa @ u, s, vh @ jnp.swapaxes(qb, -1, -2)
+
+
+def _check(model, stack: str) -> int:
+    """The number of layers of ``stack``; a one-line ValueError if there are no circuits."""
+    if model.config.attention != "softmax":
+        raise ValueError(
+            f"QK/OV circuits need model.attention='softmax' (separate query, key, value and "
+            f"out kernels), not {model.config.attention!r}"
+        )
+    stacks = model.layer_stacks()
+    if stack not in stacks:
+        raise ValueError(f"stack={stack!r} is not one of this model's stacks {sorted(stacks)}")
+    return stacks[stack]
+
+
+def attention_weights(model, params, stack: str = "decoder", layer: int = 0, kind: str = "attn"):
+    """One attention layer's kernels per query head (biases left out), as a dict:
+    ``W_Q, W_K, W_V [N,D,H]`` (kv head ``n // (N // K)`` repeated to query head ``n``) and
+    ``W_O [N,H,D]``. ``kind``: ``"attn"`` (self-attention) or ``"cross_attn"`` (the decoder of
+    an encoder_decoder model; its keys and values read the encoder output). Scanned or
+    unrolled ``params`` alike."""
+    L = _check(model, stack)
+    if not 0 <= layer < L:
+        raise ValueError(f"layer={layer} is out of range for stack {stack!r} of {L} layers")
+    if kind not in ATTENTION_KEYS:
+        raise ValueError(f"kind={kind!r} must be one of {sorted(ATTENTION_KEYS)}")
+    _, params = model.unrolled(params)
+    block = params["params"][stack][f"layer_{layer}"]
+    if ATTENTION_KEYS[kind] not in block:
+        raise ValueError(f"stack {stack!r} of a {model.family} model has no {kind!r} layers")
+    p = block[ATTENTION_KEYS[kind]]
+    N, K = p["query"]["kernel"].shape[1], p["key"]["kernel"].shape[1]
+
+    def per_query_head(kernel):  # [D,K,H] -> [N,D,H]
+        return jnp.repeat(jnp.transpose(kernel, (1, 0, 2)), N // K, axis=0)
+
+    return {
+        "W_Q": jnp.transpose(p["query"]["kernel"], (1, 0, 2)),
+        "W_K": per_query_head(p["key"]["kernel"]),
+        "W_V": per_query_head(p["value"]["kernel"]),
+        "W_O": p["out"]["kernel"],
+    }
+
+
+def qk_circuit(weights: dict) -> FactoredMatrix:
+    """``QK[n] = W_Q[n] W_K[n]ᵀ`` ``[N,D,D]`` (rank H): the logit is ``x_q QK[n] x_kᵀ``."""
+    return FactoredMatrix(weights["W_Q"], jnp.swapaxes(weights["W_K"], -1, -2))
+
+
+def ov_circuit(weights: dict) -> FactoredMatrix:
+    """``OV[n] = W_V[n] W_O[n]`` ``[N,D,D]`` (rank H): head ``n`` writes ``x OV[n]`` for an
+    attended row ``x``."""
+    return FactoredMatrix(weights["W_V"], weights["W_O"])
+
+
+def embedding_matrices(model, params) -> tuple[jax.Array, jax.Array]:
+    """``(W_E [V,D], W_U [D,V])``: the token table (times sqrt(D) with
+    ``scale_embeddings``) and the unembedding (tied: the table transposed, times D^-0.5 with
+    ``scale_tied_output``; else the ``lm_head`` kernel). Positions and the final norm are left
+    out."""
+    cfg = model.config
+    table = params["params"]["embed"]["token_embed"]["embedding"]
+    W_E = table * jnp.sqrt(float(cfg.d_model)) if cfg.scale_embeddings else table
+    if cfg.tie_embeddings:
+        W_U = table.T * cfg.d_model**-0.5 if cfg.scale_tied_output else table.T
+    else:
+        W_U = params["params"]["head"]["lm_head"]["kernel"]
+    return W_E, W_U
+
+
+def full_qk_circuit(model, params, layer: int, stack: str = "decoder", kind: str = "attn"):
+    """``W_E QK W_Eᵀ`` ``[N,V,V]`` (factored, rank H): the logit between a query token and a
+    key token read straight from the embeddings."""
+    W_E, _ = embedding_matrices(model, params)
+    return W_E @ qk_circuit(attention_weights(model, params, stack, layer, kind)) @ W_E.T
+
+
+def full_ov_circuit(model, params, layer: int, stack: str = "decoder", kind: str = "attn"):
+    """``W_E OV W_U`` ``[N,V,V]`` (factored, rank H): how attending to a token moves the
+    output logits straight through the unembedding."""
+    W_E, W_U = embedding_matrices(model, params)
+    return W_E @ ov_circuit(attention_weights(model, params, stack, layer, kind)) @ W_U
+
+
+def copying_score(ov_full: FactoredMatrix) -> jax.Array:
+    """``Re(Σλ) / Σ|λ|`` over the eigenvalues of each (square) circuit ``[..., M, M]`` ->
+    ``[...]`` float: 1 for a pure copying head, -1 for a pure anti-copying head."""
+    eig = ov_full.eigenvalues()
+    return jnp.real(jnp.sum(eig, axis=-1)) / jnp.sum(jnp.abs(eig), axis=-1)
+
+
+@jax.jit
+def _composition(a: FactoredMatrix, b: FactoredMatrix) -> jax.Array:
+    """``[N,N]`` scores of each head of ``a [N,D,D]`` (earlier) into each head of ``b``."""
+    a = FactoredMatrix(a.A[:, None], a.B[:, None])  # earlier head on axis 0
+    b = FactoredMatrix(b.A[None], b.B[None])  # later head on axis 1
+    return (a @ b).frobenius_norm() / (a.frobenius_norm() * b.frobenius_norm())
+
+
+def composition_scores(model, params, stack: str = "decoder") -> dict[str, jax.Array]:
+    """Q-, K- and V-composition scores ``{"q", "k", "v"}`` of self-attention, each
+    ``[L,N,L,N]``: ``[i, n, j, m]`` scores earlier head ``(i, n)`` into later head ``(j, m)``
+    (NaN where ``j <= i``)."""
+    L = _check(model, stack)
+    model, params = model.unrolled(params)
+    weights = [attention_weights(model, params, stack, i) for i in range(L)]
+    qk = [qk_circuit(w) for w in weights]
+    ov = [ov_circuit(w) for w in weights]
+
+    N = model.config.num_heads
+    later = {"q": qk, "k": [c.T for c in qk], "v": ov}
+    out = {}
+    for name, circuits in later.items():
+        grid = [
+            [
+                _composition(ov[i], circuits[j]) if j > i else jnp.full((N, N), jnp.nan)
+                for j in range(L)
+            ]
+            for i in range(L)
+        ]
+        out[name] = jnp.stack([jnp.stack(row, axis=1) for row in grid])  # [L,N,L,N]
+    return out

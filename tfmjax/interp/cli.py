@@ -1,0 +1,184 @@
+"""``python -m tfmjax.interp WORKDIR COMMAND [options]``: take a trained run apart.
+
+Commands (each writes PNGs and its section of ``OUT/interp.json``; OUT defaults to
+``WORKDIR/interp``):
+
+  heads     previous-token, duplicate-token and induction scores per head (repeated random
+            sequences of the task's symbols); ``heads.png``
+  patterns  attention (and cross-attention) patterns of one eval example per layer;
+            ``--alignment mirror|same`` adds the cross-attention share on the aligned source
+  dla       direct logit attribution to the answer tokens; ``dla.png``
+  patch     activation patching from clean into prompt-resampled runs, per layer x position
+            (``--hooks``); ``patch_<hook>.png``
+  ablate    mean-ablate each head alone: the teacher-forced exact-match grid; ``ablate_*.png``
+  sae       a sparse autoencoder on one layer's residual stream, spliced back in
+  phase     the induction score at every checkpoint kept; ``phase.png``
+
+The config, params and task come from the checkpoint. Errors: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tfmjax.checkpoint import CheckpointError
+from tfmjax.config import ConfigError
+from tfmjax.data.vocab import RESERVED_TOKENS
+from tfmjax.interp import analyses, plots
+from tfmjax.interp.hooked import run_with_cache
+from tfmjax.interp.sae import SAEConfig
+
+COMMANDS = ("heads", "patterns", "dla", "patch", "ablate", "sae", "phase")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tfmjax.interp", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("workdir", help="a training run's workdir (or one step dir)")
+    p.add_argument("command", choices=COMMANDS)
+    p.add_argument("--out", help="output folder (default WORKDIR/interp)")
+    p.add_argument("--batch-size", type=int, default=64, help="eval rows to analyse")
+    p.add_argument("--length", type=int, default=10, help="heads/phase: repeated length")
+    p.add_argument("--example", type=int, default=0, help="patterns: which eval row")
+    p.add_argument("--alignment", choices=("mirror", "same"), help="patterns: cross-attention")
+    p.add_argument(
+        "--hooks",
+        default="hook_resid_pre,hook_attn_out,hook_mlp_out",
+        help="patch: comma-separated hook names per layer (STACK:NAME for the encoder)",
+    )
+    p.add_argument("--layer", type=int, default=0, help="sae: which layer's hook_resid_post")
+    p.add_argument("--features", type=int, default=256, help="sae: dictionary size")
+    p.add_argument("--l1", type=float, default=1e-3, help="sae: L1 coefficient")
+    p.add_argument("--steps", type=int, default=2000, help="sae: training steps")
+    return p
+
+
+def write_report(out: Path, section: str, data: dict) -> Path:
+    """Merge ``{section: data}`` into ``out/interp.json``."""
+    path = out / "interp.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report[section] = data
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path
+
+
+def token_labels(run, ids) -> list[str]:
+    """Readable labels of token ids (reserved names, task symbols, ``?id`` past the task)."""
+    vocab = getattr(run.source, "task", None)
+    vocab = getattr(vocab, "vocab", None)
+    labels = []
+    for i in np.asarray(ids).tolist():
+        if i < len(RESERVED_TOKENS):
+            labels.append(RESERVED_TOKENS[i].strip("<>"))
+        elif vocab is not None and i < vocab.size:
+            labels.append(vocab.decode([i]))
+        else:
+            labels.append(f"?{i}")
+    return labels
+
+
+def run_command(args) -> dict:
+    """Run one command; returns its report section (PNGs written on the way)."""
+    if args.command == "phase":
+        report = analyses.phase_report(args.workdir, length=args.length)
+        out = _out(args)
+        plots.curves(
+            report["steps"],
+            {"induction": report["induction"], "previous-token": report["previous_token"]},
+            out / "phase.png",
+            title="best head score per checkpoint",
+            ylabel="score",
+            mark=report["largest_jump"]["step"],
+        )
+        return report
+    run = analyses.load_run(args.workdir)
+    batch = run.batch(args.batch_size)
+    out = _out(args)
+    if args.command == "heads":
+        report = analyses.heads_report(run, length=args.length)
+        for stack, scores in report.items():
+            grids = {k: np.asarray(v) for k, v in scores.items() if k != "top"}
+            plots.head_scores(grids, out / f"heads_{stack}.png", title=f"{stack} head scores")
+        return report
+    if args.command == "patterns":
+        return _patterns(run, batch, args, out)
+    if args.command == "dla":
+        report = analyses.dla_report(run, batch)
+        plots.logit_attribution(
+            report["names"],
+            report["values"],
+            out / "dla.png",
+            title="direct logit attribution to the answer tokens",
+            top_k=16,
+        )
+        return report
+    if args.command == "patch":
+        hooks = [h.strip() for h in args.hooks.split(",") if h.strip()]
+        report = analyses.patch_report(run, batch, hooks)
+        for name, grid in report["grids"].items():
+            plots.patching_heatmap(
+                np.asarray(grid),
+                out / f"patch_{name.replace(':', '_')}.png",
+                title=f"{name}: share of the answer log-prob restored",
+                xlabel="position",
+                ylabel="layer",
+            )
+        return report
+    if args.command == "ablate":
+        report = analyses.ablation_report(run, batch)
+        for name, grid in report.items():
+            if isinstance(grid, list):
+                plots.patching_heatmap(
+                    np.asarray(grid),
+                    out / f"ablate_{name.replace('.', '_')}.png",
+                    title=f"{name}: exact-match with one head mean-ablated "
+                    f"(baseline {report['baseline']:.3f})",
+                    xlabel="head",
+                    ylabel="layer",
+                )
+        return report
+    config = SAEConfig(num_features=args.features, l1_coeff=args.l1, steps=args.steps)
+    return analyses.sae_report(run, args.layer, config)
+
+
+def _out(args) -> Path:
+    base = Path(args.workdir)
+    if base.name.isdigit() and base.parent.name == "checkpoints":
+        base = base.parent.parent
+    return Path(args.out) if args.out else base / "interp"
+
+
+def _patterns(run, batch, args, out: Path) -> dict:
+    row = {k: v[args.example : args.example + 1] for k, v in batch.items()}
+    _, cache = run_with_cache(run.model, run.params, row, names=["*.hook_pattern"])
+    report = {"files": []}
+    for name in cache.names():
+        pattern = np.asarray(cache[name][0])  # [N,T,S]
+        path = out / f"{name.replace('.hook_pattern', '').replace('.', '_')}.png"
+        plots.attention_patterns(pattern, path, title=name)
+        report["files"].append(path.name)
+    if args.alignment:
+        report["alignment"] = analyses.alignment_share(run, batch, args.alignment)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        report = run_command(args)
+    except (CheckpointError, ConfigError, ValueError, KeyError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    path = write_report(_out(args), args.command, report)
+    summary = {k: v for k, v in report.items() if k in ("top", "baseline", "largest_jump")}
+    print(f"{args.command}: wrote {path.parent}/ ({json.dumps(summary)[:200]})")
+    return 0

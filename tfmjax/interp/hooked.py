@@ -1,0 +1,225 @@
+"""Run a model with its hook points on: record activations, replace or edit them.
+
+``run_with_cache(model, params, batch)`` returns the logits of ``model.apply(params, batch)``
+and an :class:`ActivationCache` of the hook points (:mod:`tfmjax.layers.hooks`);
+``run_with_patches(model, params, batch, edits)`` applies ``{name: x -> x}`` edits on the way.
+Both take any family's training batch and work under ``jax.jit`` (names and edit functions
+are static: they shape the program).
+
+The model is run with its layers unrolled (hooks know their layer from the module path) and
+without remat; scanned params are unstacked first, so a checkpoint of any layout works.
+
+Names are full (``decoder.blocks.0.attn.hook_q``), a dotted suffix that picks exactly
+one hook point (``blocks.0.attn.hook_q`` in a decoder-only model), or, to record, a pattern
+with ``*`` (``decoder.blocks.*.attn.hook_pattern``); :func:`hook_shapes` lists them.
+Position ``t`` of a decoder activation is the decoder's input at ``t``: BOS at 0, then
+``tokens[t-1]`` (the model shifts its targets right itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import re
+from collections.abc import Callable, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from tfmjax.layers.hooks import COLLECTION, hooks_active
+
+Edits = Mapping[str, Callable]
+
+
+def prepare(model, params):
+    """``(model, params)`` to run with hooks: layers unrolled, no remat, dropout off."""
+    cfg = dataclasses.replace(model.config, scan_layers=False, remat=False)
+    _, params = model.unrolled(params)
+    return type(model)(cfg, deterministic=True), params
+
+
+@jax.tree_util.register_pytree_node_class
+class ActivationCache:
+    """Activations by full hook name, read as ``cache[name]`` (a suffix that picks one name
+    is enough). A pytree, so it can be returned from and passed into jitted functions."""
+
+    def __init__(self, activations: Mapping):
+        self.activations = dict(activations)
+
+    def tree_flatten(self):
+        names = sorted(self.activations)
+        return [self.activations[n] for n in names], names
+
+    @classmethod
+    def tree_unflatten(cls, names, values):
+        return cls(dict(zip(names, values, strict=True)))
+
+    def names(self) -> list[str]:
+        return sorted(self.activations)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.activations or bool(matching(name, self.activations))
+
+    def __getitem__(self, name: str):
+        return self.activations[resolve(name, self.activations)]
+
+    def __len__(self) -> int:
+        return len(self.activations)
+
+    def stack(self, name: str, stack: str = "decoder"):
+        """``{stack}.blocks.{l}.{name}`` of every layer, stacked: ``[L, ...]``."""
+        found = {}
+        for full, x in self.activations.items():
+            m = re.fullmatch(rf"{re.escape(stack)}\.blocks\.(\d+)\.{re.escape(name)}", full)
+            if m:
+                found[int(m.group(1))] = x
+        if not found:
+            raise KeyError(f"no {stack}.blocks.*.{name} in the cache; it has {self.names()}")
+        return jnp.stack([found[i] for i in sorted(found)])
+
+
+def matching(name: str, names: Iterable[str]) -> list[str]:
+    """The full names equal to ``name`` or ending in ``.name``."""
+    return [n for n in names if n == name or n.endswith("." + name)]
+
+
+def resolve(name: str, names: Iterable[str]) -> str:
+    """The one full name ``name`` picks out of ``names``; a one-line KeyError otherwise."""
+    names = list(names)
+    found = matching(name, names)
+    if name in names:
+        return name
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        example = next(iter(sorted(names)), "decoder.blocks.0.attn.hook_q")
+        raise KeyError(
+            f"no hook point {name!r}; names look like {example!r} (tfmjax.interp.hook_shapes "
+            "lists them)"
+        )
+    raise KeyError(f"hook name {name!r} is ambiguous: it matches {found}; give the full name")
+
+
+def _apply(model, params, batch, capture, edits: Edits | None):
+    with hooks_active(capture=capture, edits=edits):
+        logits, state = model.apply(params, batch, mutable=[COLLECTION])
+    return logits, ActivationCache(_flatten(state.get(COLLECTION, {})))
+
+
+def _flatten(tree) -> dict:
+    """Sown hook values (leaves keyed by full name at any depth) -> ``{name: array}``."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value))
+        else:
+            out[key] = value
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _hook_shapes(model, params_struct, batch_struct) -> dict:
+    params = jax.tree.unflatten(params_struct[0], params_struct[1])
+    batch = jax.tree.unflatten(batch_struct[0], batch_struct[1])
+    _, cache = jax.eval_shape(lambda p, b: _apply(model, p, b, None, None), params, batch)
+    return {n: tuple(x.shape) for n, x in cache.activations.items()}
+
+
+def hook_shapes(model, params, batch, *, prepared: bool = False) -> dict[str, tuple]:
+    """``{full hook name: shape}`` of every hook point for this batch (nothing is computed)."""
+    if not prepared:
+        model, params = prepare(model, params)
+    struct = lambda tree: (
+        jax.tree.structure(tree),
+        tuple(
+            jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(tree)
+        ),
+    )
+    return dict(_hook_shapes(model, struct(params), struct(batch)))
+
+
+def run_with_cache(model, params, batch, names: Iterable[str] | None = None):
+    """``(logits, ActivationCache)``: the plain forward pass, with the hook points ``names``
+    (default: all) recorded."""
+    model, params = prepare(model, params)
+    capture = None if names is None else _full_or_given(model, params, batch, names)
+    return _cached_run(model, capture)(params, batch)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_run(model, capture):
+    """One jitted ``run_with_cache`` per (model, names): compiled once per batch shape."""
+    return jax.jit(lambda params, batch: _apply(model, params, batch, capture, None))
+
+
+def run_with_patches(model, params, batch, edits: Edits, names: Iterable[str] | None = ()) -> tuple:
+    """``(logits, ActivationCache)`` with ``edits`` ``{name: x -> x}`` applied at their hook
+    points (see :func:`replace`); the cache holds ``names`` (default none; None: all), as
+    edited."""
+    model, params = prepare(model, params)
+    edits = dict(zip(_full_or_given(model, params, batch, edits), edits.values(), strict=True))
+    capture = None if names is None else _full_or_given(model, params, batch, names)
+    return _apply(model, params, batch, capture, edits)
+
+
+def _full_or_given(model, params, batch, names: Iterable[str]) -> tuple[str, ...]:
+    """Each name as its full name (checked against the model's hook points); a name with
+    ``*`` is a pattern (``decoder.blocks.*.attn.hook_pattern``) and gives every match."""
+    known = hook_shapes(model, params, batch, prepared=True)
+    out = []
+    for name in names:
+        if "*" not in name:
+            out.append(resolve(name, known))
+            continue
+        found = sorted(n for n in known if fnmatch.fnmatchcase(n, name))
+        if not found:
+            raise KeyError(f"no hook point matches {name!r} (tfmjax.interp.hook_shapes lists them)")
+        out.extend(found)
+    return tuple(out)
+
+
+# -- edits ---------------------------------------------------------------------------------
+
+
+def axes(name: str) -> tuple[int, int | None]:
+    """``(position axis, head axis or None)`` of a hook point's activation."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "hook_pattern":  # [B,N,T,S]
+        return 2, 1
+    if leaf in ("hook_q", "hook_k", "hook_v", "hook_z", "hook_result"):  # [B,T,N,...]
+        return 1, 2
+    return 1, None
+
+
+def selection(name: str, shape: tuple, positions=None, heads=None):
+    """Boolean mask broadcastable to ``shape``: True at ``positions`` (ints or a bool mask
+    over the position axis) and ``heads`` of hook ``name`` (None: all of them)."""
+    pos_axis, head_axis = axes(name)
+    mask = jnp.ones([1] * len(shape), bool)
+    for axis, chosen in ((pos_axis, positions), (head_axis, heads)):
+        if chosen is None:
+            continue
+        if axis is None:
+            raise ValueError(f"{name} has no head axis; patch it by position only")
+        chosen = jnp.asarray(chosen)
+        if chosen.dtype != bool:
+            chosen = jnp.zeros(shape[axis], bool).at[chosen].set(True)
+        mask = mask & chosen.reshape([shape[axis] if a == axis else 1 for a in range(len(shape))])
+    return mask
+
+
+def replace(value, name: str = "", positions=None, heads=None) -> Callable:
+    """An edit that puts ``value`` (broadcastable to the activation) at ``positions`` and
+    ``heads`` of hook ``name`` (both None: everywhere)."""
+    if positions is None and heads is None:
+        return lambda x: jnp.broadcast_to(jnp.asarray(value, x.dtype), x.shape)
+    return lambda x: jnp.where(
+        selection(name, x.shape, positions, heads), jnp.asarray(value, x.dtype), x
+    )
+
+
+def mean_ablate(mean, name: str, heads=None, positions=None) -> Callable:
+    """Replace the chosen heads/positions by ``mean`` (e.g. the activation averaged over a
+    reference batch and its positions, keepdims)."""
+    return replace(mean, name, positions=positions, heads=heads)
