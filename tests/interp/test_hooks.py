@@ -176,10 +176,10 @@ def test_head_patch_touches_only_that_head(rows, tiny):
     model, params = tiny("decoder_only")
     batch = rows(model)
     name = "decoder.blocks.0.attn.hook_z"
-    _, cache = run_with_patches(
-        model, params, batch, {name: replace(0.0, name, heads=[2])}, names=[name]
-    )
     with jax.disable_jit():
+        _, cache = run_with_patches(
+            model, params, batch, {name: replace(0.0, name, heads=[2])}, names=[name]
+        )
         _, clean = run_with_cache(model, params, batch, names=[name])
     z = cache[name]
     assert float(jnp.max(jnp.abs(z[:, :, 2]))) == 0.0

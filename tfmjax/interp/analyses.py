@@ -7,6 +7,7 @@ turns them into PNGs and a report.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import jax
@@ -18,8 +19,8 @@ from tfmjax.config import Experiment, from_dict
 from tfmjax.data.vocab import RESERVED_TOKENS
 from tfmjax.interp import patching
 from tfmjax.interp.attribution import logit_attribution
-from tfmjax.interp.heads import head_scores
-from tfmjax.interp.hooked import ActivationCache, run_with_cache, run_with_patches
+from tfmjax.interp.heads import SCORES, head_scores
+from tfmjax.interp.hooked import ActivationCache, mean_ablate, run_with_cache, run_with_patches
 from tfmjax.interp.sae import SAEConfig, loss_recovered, reconstruct, sae_metrics, train_sae
 from tfmjax.models import build
 
@@ -69,6 +70,16 @@ def checkpoint_steps(workdir: str | Path) -> list[Path]:
     root = Path(workdir) / "checkpoints"
     steps = [p for p in root.iterdir() if p.name.isdigit()] if root.is_dir() else []
     return sorted(steps, key=lambda p: int(p.name))
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_apply(model):
+    return jax.jit(model.apply)
+
+
+def logits_of(run: Run, batch: dict):
+    """``logits_of(run, batch)``, compiled."""
+    return _jitted_apply(run.model)(run.params, batch)
 
 
 def metric_of(run: Run, name: str):
@@ -152,7 +163,7 @@ def ablation_report(run: Run, batch: dict, metric: str = "exact_match") -> dict:
     the metric, with the unablated baseline."""
     fn = metric_of(run, metric)
     means = head_means(run, batch, "attn")
-    out = {"metric": metric, "baseline": float(fn(run.model.apply(run.params, batch), batch))}
+    out = {"metric": metric, "baseline": float(fn(logits_of(run, batch), batch))}
     kinds = [("attn", means)]
     if "encoder" in run.model.layer_stacks() and "decoder" in run.model.layer_stacks():
         kinds.append(("cross_attn", head_means(run, batch, "cross_attn")))
@@ -166,6 +177,40 @@ def ablation_report(run: Run, batch: dict, metric: str = "exact_match") -> dict:
     return out
 
 
+def ablate_heads(run: Run, batch: dict, heads, metric: str = "exact_match") -> float:
+    """The metric with every head in ``heads`` (``(stack, layer, head)``, self-attention)
+    mean-ablated at once."""
+    means = head_means(run, batch, "attn")
+    chosen: dict[str, list[int]] = {}
+    for stack, layer, head in heads:
+        chosen.setdefault(f"{stack}.blocks.{layer}.attn.hook_z", []).append(head)
+    edits = {n: mean_ablate(means[n], n, heads=h) for n, h in chosen.items()}
+    logits, _ = run_with_patches(run.model, run.params, batch, edits)
+    return float(metric_of(run, metric)(logits, batch))
+
+
+def circuit_report(run: Run, batch: dict, threshold: float = 0.3, length: int = 10) -> dict:
+    """Heads whose score passes ``threshold`` (self-attention of every stack), and the
+    metric with all of them mean-ablated at once, next to the single-head ablations."""
+    scores = heads_report(run, length=length)
+    found = {}
+    for stack, by_score in scores.items():
+        for name in SCORES:
+            grid = np.asarray(by_score[name])
+            found[f"{stack}.{name}"] = [
+                [stack, int(l), int(n)] for l, n in zip(*np.nonzero(grid >= threshold), strict=True)
+            ]
+    heads = sorted({tuple(h) for group in found.values() for h in group})
+    return {
+        "threshold": threshold,
+        "heads_by_score": found,
+        "ablated_together": [list(h) for h in heads],
+        "exact_match_ablated_together": ablate_heads(run, batch, heads) if heads else None,
+        "single_head_ablations": ablation_report(run, batch),
+        "chance": round(1.0 / max(run.task_vocab - CONTENT, 1), 4),
+    }
+
+
 def dla_report(run: Run, batch: dict, top_k: int = 12) -> dict:
     """Direct logit attribution to the answer tokens: each residual part's contribution to
     the logit of the correct token, averaged over answer positions (``[C]``)."""
@@ -174,7 +219,7 @@ def dla_report(run: Run, batch: dict, top_k: int = 12) -> dict:
     names, parts = logit_attribution(run.model, run.params, cache, tokens=targets)
     weight = mask / jnp.sum(mask)
     values = np.asarray(jnp.sum(parts * weight[None], axis=(1, 2)))
-    logits = run.model.apply(run.params, batch)
+    logits = logits_of(run, batch)
     own = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     total = float(jnp.sum(own * weight))
     order = np.argsort(-np.abs(values))[:top_k]
@@ -214,7 +259,7 @@ def patch_report(run: Run, batch: dict, hooks, per: str = "position", seed: int 
     corrupt = corrupt_prompts(run, batch, jax.random.PRNGKey(seed))
     clean_logits, clean = run_with_cache(run.model, run.params, batch)
     clean_value = float(metric(clean_logits, batch))
-    corrupt_value = float(metric(run.model.apply(run.params, corrupt), corrupt))
+    corrupt_value = float(metric(logits_of(run, corrupt), corrupt))
     gap = clean_value - corrupt_value
     out = {"clean": round(clean_value, 4), "corrupt": round(corrupt_value, 4), "grids": {}}
     for hook in hooks:
@@ -246,7 +291,7 @@ def sae_report(run: Run, layer: int, config: SAEConfig, batches: int = 16, stack
     loss = metric_of(run, "loss")
     splice = lambda x: reconstruct(sae, x.reshape(-1, x.shape[-1])).reshape(x.shape)
     losses = {
-        "clean": float(loss(run.model.apply(run.params, batch), batch)),
+        "clean": float(loss(logits_of(run, batch), batch)),
         "spliced": float(
             loss(run_with_patches(run.model, run.params, batch, {name: splice})[0], batch)
         ),
@@ -274,21 +319,19 @@ def _positions(run: Run, batch: dict):
 
 
 def phase_report(workdir: str | Path, length: int = 10, batch: int = 32) -> dict:
-    """The best induction and previous-token scores (decoder) at every checkpoint kept."""
-    steps, induction, previous = [], [], []
+    """The best decoder head score of each kind at every checkpoint kept, and where each
+    curve jumps most between two checkpoints (the phase change)."""
+    steps, curves = [], {name: [] for name in SCORES}
     for step_dir in checkpoint_steps(workdir):
         run = load_run(step_dir)
         scores = heads_report(run, length=length, batch=batch)["decoder"]
         steps.append(run.step)
-        induction.append(float(np.max(scores["induction"])))
-        previous.append(float(np.max(scores["previous_token"])))
+        for name in SCORES:
+            curves[name].append(round(float(np.max(scores[name])), 4))
     if not steps:
         raise ValueError(f"no checkpoints under {workdir}/checkpoints")
-    jumps = np.diff(induction)
-    at = int(np.argmax(jumps)) + 1 if len(steps) > 1 else 0
-    return {
-        "steps": steps,
-        "induction": [round(v, 4) for v in induction],
-        "previous_token": [round(v, 4) for v in previous],
-        "largest_jump": {"step": steps[at], "from": induction[max(at - 1, 0)], "to": induction[at]},
-    }
+    jumps = {}
+    for name, values in curves.items():
+        at = int(np.argmax(np.diff(values))) + 1 if len(values) > 1 else 0
+        jumps[name] = {"step": steps[at], "from": values[max(at - 1, 0)], "to": values[at]}
+    return {"steps": steps, **curves, "largest_jump": jumps}

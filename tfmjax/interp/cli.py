@@ -10,7 +10,8 @@ Commands (each writes PNGs and its section of ``OUT/interp.json``; OUT defaults 
   dla       direct logit attribution to the answer tokens; ``dla.png``
   patch     activation patching from clean into prompt-resampled runs, per layer x position
             (``--hooks``); ``patch_<hook>.png``
-  ablate    mean-ablate each head alone: the teacher-forced exact-match grid; ``ablate_*.png``
+  ablate    the heads whose score passes ``--threshold``, mean-ablated together, next to
+            each head ablated alone (teacher-forced exact-match = greedy); ``ablate_*.png``
   sae       a sparse autoencoder on one layer's residual stream, spliced back in
   phase     the induction score at every checkpoint kept; ``phase.png``
 
@@ -31,6 +32,7 @@ from tfmjax.checkpoint import CheckpointError
 from tfmjax.config import ConfigError
 from tfmjax.data.vocab import RESERVED_TOKENS
 from tfmjax.interp import analyses, plots
+from tfmjax.interp.heads import SCORES
 from tfmjax.interp.hooked import run_with_cache
 from tfmjax.interp.sae import SAEConfig
 
@@ -53,10 +55,17 @@ def parser() -> argparse.ArgumentParser:
         default="hook_resid_pre,hook_attn_out,hook_mlp_out",
         help="patch: comma-separated hook names per layer (STACK:NAME for the encoder)",
     )
+    p.add_argument(
+        "--threshold", type=float, default=0.3, help="ablate: head score that marks a circuit"
+    )
+    p.add_argument(
+        "--per", choices=("layer", "position"), default="position", help="patch: the grid"
+    )
     p.add_argument("--layer", type=int, default=0, help="sae: which layer's hook_resid_post")
     p.add_argument("--features", type=int, default=256, help="sae: dictionary size")
     p.add_argument("--l1", type=float, default=1e-3, help="sae: L1 coefficient")
     p.add_argument("--steps", type=int, default=2000, help="sae: training steps")
+    p.add_argument("--batches", type=int, default=16, help="sae: training batches to collect")
     return p
 
 
@@ -92,11 +101,10 @@ def run_command(args) -> dict:
         out = _out(args)
         plots.curves(
             report["steps"],
-            {"induction": report["induction"], "previous-token": report["previous_token"]},
+            {name.replace("_", "-"): report[name] for name in SCORES},
             out / "phase.png",
-            title="best head score per checkpoint",
+            title="best decoder head score of each kind, per checkpoint",
             ylabel="score",
-            mark=report["largest_jump"]["step"],
         )
         return report
     run = analyses.load_run(args.workdir)
@@ -122,31 +130,31 @@ def run_command(args) -> dict:
         return report
     if args.command == "patch":
         hooks = [h.strip() for h in args.hooks.split(",") if h.strip()]
-        report = analyses.patch_report(run, batch, hooks)
+        report = analyses.patch_report(run, batch, hooks, per=args.per)
         for name, grid in report["grids"].items():
             plots.patching_heatmap(
-                np.asarray(grid),
+                np.asarray(grid).reshape(len(grid), -1),
                 out / f"patch_{name.replace(':', '_')}.png",
                 title=f"{name}: share of the answer log-prob restored",
-                xlabel="position",
+                xlabel="position" if args.per == "position" else "",
                 ylabel="layer",
             )
         return report
     if args.command == "ablate":
-        report = analyses.ablation_report(run, batch)
-        for name, grid in report.items():
+        report = analyses.circuit_report(run, batch, threshold=args.threshold, length=args.length)
+        for name, grid in report["single_head_ablations"].items():
             if isinstance(grid, list):
                 plots.patching_heatmap(
                     np.asarray(grid),
                     out / f"ablate_{name.replace('.', '_')}.png",
                     title=f"{name}: exact-match with one head mean-ablated "
-                    f"(baseline {report['baseline']:.3f})",
+                    f"(baseline {report['single_head_ablations']['baseline']:.3f})",
                     xlabel="head",
                     ylabel="layer",
                 )
         return report
     config = SAEConfig(num_features=args.features, l1_coeff=args.l1, steps=args.steps)
-    return analyses.sae_report(run, args.layer, config)
+    return analyses.sae_report(run, args.layer, config, batches=args.batches)
 
 
 def _out(args) -> Path:
@@ -159,15 +167,34 @@ def _out(args) -> Path:
 def _patterns(run, batch, args, out: Path) -> dict:
     row = {k: v[args.example : args.example + 1] for k, v in batch.items()}
     _, cache = run_with_cache(run.model, run.params, row, names=["*.hook_pattern"])
+    sides = _side_labels(run, row)
     report = {"files": []}
     for name in cache.names():
-        pattern = np.asarray(cache[name][0])  # [N,T,S]
+        stack = name.split(".")[0]
+        keys = sides["encoder"] if ".cross_attn." in name else sides[stack]
+        queries = sides[stack]
+        pattern = np.asarray(cache[name][0])[:, : len(queries), : len(keys)]  # [N,T,S]
         path = out / f"{name.replace('.hook_pattern', '').replace('.', '_')}.png"
-        plots.attention_patterns(pattern, path, title=name)
+        plots.attention_patterns(pattern, path, queries, keys, title=name)
         report["files"].append(path.name)
     if args.alignment:
         report["alignment"] = analyses.alignment_share(run, batch, args.alignment)
     return report
+
+
+def _side_labels(run, row: dict) -> dict:
+    """Token labels of one row's positions on each side, padding cut: the encoder reads its
+    inputs; a decoder reads BOS and then its tokens (shifted right)."""
+    out = {}
+    if "inputs" in row:
+        ids = np.asarray(row["inputs"][0])
+        out["encoder"] = token_labels(run, ids[ids > 0])
+        targets = np.asarray(row["targets"][0])
+    else:
+        targets = np.asarray(row["tokens"][0])
+        out["encoder"] = token_labels(run, targets[targets > 0])  # encoder-only
+    out["decoder"] = token_labels(run, [run.model.config.bos_id, *targets[targets > 0][:-1]])
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -179,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
     path = write_report(_out(args), args.command, report)
-    summary = {k: v for k, v in report.items() if k in ("top", "baseline", "largest_jump")}
+    keys = ("top", "largest_jump", "exact_match_ablated_together", "loss_recovered", "alignment")
+    summary = {k: v for k, v in report.items() if k in keys}
     print(f"{args.command}: wrote {path.parent}/ ({json.dumps(summary)[:200]})")
     return 0

@@ -160,7 +160,9 @@ def run_with_patches(model, params, batch, edits: Edits, names: Iterable[str] | 
     model, params = prepare(model, params)
     edits = dict(zip(_full_or_given(model, params, batch, edits), edits.values(), strict=True))
     capture = None if names is None else _full_or_given(model, params, batch, names)
-    return _apply(model, params, batch, capture, edits)
+    # Compiled as one program (edits close over their values, so each call compiles anew:
+    # still faster than running a model op by op; sweeps use PatchSweep, which compiles once).
+    return jax.jit(lambda p, b: _apply(model, p, b, capture, edits))(params, batch)
 
 
 def _full_or_given(model, params, batch, names: Iterable[str]) -> tuple[str, ...]:

@@ -14,13 +14,21 @@ target run, summed over what a patch would replace.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfmjax.interp.hooked import ActivationCache, axes, hook_shapes, prepare, run_with_patches
+from tfmjax.interp.hooked import (
+    ActivationCache,
+    axes,
+    hook_shapes,
+    prepare,
+    resolve,
+    run_with_patches,
+)
 from tfmjax.losses import cross_entropy
 
 PER = ("layer", "position", "head", "position_head")
@@ -127,6 +135,8 @@ class PatchSweep:
     def __call__(self, params, batch, source: ActivationCache, layers=None):
         names = layer_names(self.model, self.stack, self.hook, layers)
         shapes = hook_shapes(self.model, params, batch)
+        for name in names:
+            resolve(name, shapes)  # a one-line KeyError for a name the model does not have
         masks, grid = _choice_masks(names, shapes, self.per)
         values = {n: source[n] for n in names}
         return self._run(params, batch, values, masks).reshape(grid)
@@ -169,15 +179,23 @@ def attribution_patch(
 ):
     """First-order estimate of :func:`patch_sweep`'s grid minus the unpatched metric:
     ``Σ (source − target) · ∂metric/∂activation`` at the target run; ``[L]``, ``[L,T]``,
-    ``[L,N]`` or ``[L,T,N]``. One forward and one backward pass."""
-    names = layer_names(model, stack, hook)
-    shapes = hook_shapes(model, params, batch)
-    zeros = {n: jnp.zeros(shapes[n], jnp.float32) for n in names}
+    ``[L,N]`` or ``[L,T,N]``. One forward and one backward pass, compiled."""
+    names = tuple(layer_names(model, stack, hook))
+    values = {n: source[n] for n in names}
+    return _attribution(model, names, metric, per)(params, batch, values)
 
-    def metric_of(deltas):
-        edits = {n: (lambda x, n=n: x + deltas[n].astype(x.dtype)) for n in names}
-        logits, cache = run_with_patches(model, params, batch, edits, names=names)
-        return metric(logits, batch), cache
 
-    grads, target = jax.grad(metric_of, has_aux=True)(zeros)
-    return jnp.stack([_reduce((source[n] - target[n]) * grads[n], n, per) for n in names])
+@functools.lru_cache(maxsize=16)
+def _attribution(model, names: tuple, metric, per: str):
+    def run(params, batch, source):
+        zeros = {n: jnp.zeros_like(source[n], jnp.float32) for n in names}
+
+        def metric_of(deltas):
+            edits = {n: (lambda x, n=n: x + deltas[n].astype(x.dtype)) for n in names}
+            logits, cache = run_with_patches(model, params, batch, edits, names=names)
+            return metric(logits, batch), cache
+
+        grads, target = jax.grad(metric_of, has_aux=True)(zeros)
+        return jnp.stack([_reduce((source[n] - target[n]) * grads[n], n, per) for n in names])
+
+    return jax.jit(run)
