@@ -73,6 +73,7 @@ def main() -> None:
     induction = train("induction_head_decoder")
     interp(induction, "heads")
     interp(induction, "phase")
+    interp(induction, "sae", "--layer", "0")
     report = interp(induction, "ablate")
     top = report["heads"]["decoder"]["top"]["previous_token"]
     report["composition"] = composition(induction, top["head"])
@@ -94,6 +95,7 @@ def main() -> None:
             "phase_jump": report["phase"]["largest_jump"],
             "ablation": {k: v for k, v in report["ablate"].items() if k != "heads_by_score"},
             "composition": report["composition"],
+            "sae": report["sae"],
         },
         "reverse": {"alignment": rev["patterns"]["alignment"], "patch": rev["patch"]},
     }

@@ -63,7 +63,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--layer", type=int, default=0, help="sae: which layer's hook_resid_post")
     p.add_argument("--features", type=int, default=256, help="sae: dictionary size")
-    p.add_argument("--l1", type=float, default=1e-3, help="sae: L1 coefficient")
+    p.add_argument(
+        "--l1", type=float, default=1.0, help="sae: L1 coefficient (raise it for a sparser code)"
+    )
     p.add_argument("--steps", type=int, default=2000, help="sae: training steps")
     p.add_argument("--batches", type=int, default=16, help="sae: training batches to collect")
     return p
