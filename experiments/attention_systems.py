@@ -16,20 +16,13 @@ projections as softmax attention.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tfmjax.config import load  # noqa: E402
-from tfmjax.models.summary import count_params  # noqa: E402
+from sweep import ROOT, is_current, save, train, write_readme_block  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "attention"
 TASKS = {
@@ -66,15 +59,7 @@ VARIANTS = {
         "shakespeare_char": ["model.window=8", "model.global_tokens=4"],
     },
 }
-README = ROOT / "README.md"
 BEGIN, END = "<!-- attention-systems-table -->", "<!-- /attention-systems-table -->"
-
-
-def config_hash(config_path: str, overrides: list[str]) -> str:
-    exp = load(ROOT / config_path, overrides)
-    raw = exp.to_dict()
-    raw["train"]["workdir"] = ""
-    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def result_path(task: str, variant: str) -> Path:
@@ -84,49 +69,18 @@ def result_path(task: str, variant: str) -> Path:
 def run_one(task: str, variant: str, extra: list[str]) -> dict:
     """Train one (task, variant) in a subprocess and return its result record."""
     overrides = VARIANTS[variant][task] + extra
-    workdir = ROOT / "runs" / "attention" / f"{task}-{variant}"
-    if workdir.exists():
-        subprocess.run(["rm", "-rf", str(workdir)], check=True)
-    cmd = [sys.executable, str(ROOT / "train.py"), str(ROOT / TASKS[task]), *overrides]
-    cmd.append(f"train.workdir={workdir}")
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    diverged = re.search(r"non-finite loss or gradient at step (\d+)", proc.stderr)
-    if proc.returncode != 0 and not diverged:
-        raise RuntimeError(f"{task}/{variant} failed:\n{proc.stderr[-2000:]}")
-    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in records if r.get("split") == "eval"]
-    last = evals[-1] if evals else {"step": 0}
-    keep = ("exact_match", "token_accuracy", "loss", "bits_per_char")
-    return {
-        "diverged_at": int(diverged.group(1)) if diverged else None,
-        "task": task,
-        "variant": variant,
-        "overrides": overrides,
-        "config_hash": config_hash(TASKS[task], overrides),  # extra overrides included
-        "params": count_params(load(ROOT / TASKS[task], overrides).model),
-        "step": last["step"],
-        **{k: last[k] for k in keep if k in last},
-        "curve": [{k: r[k] for k in ("step", *keep) if k in r} for r in evals],
-        "wall_sec": round(wall, 1),
-        "load_before": round(load_before, 2),
-        "load_after": round(os.getloadavg()[0], 2),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    record = train(TASKS[task], overrides, ROOT / "runs" / "attention" / f"{task}-{variant}")
+    return {"task": task, "variant": variant, **record}
 
 
 def pending(tasks, variants, extra: list[str]) -> list[tuple[str, str]]:
     """The (task, variant) pairs with no result, or a result of another config."""
-    out = []
-    for task in tasks:
-        for variant in variants:
-            path = result_path(task, variant)
-            want = config_hash(TASKS[task], VARIANTS[variant][task] + extra)
-            if not path.is_file() or json.loads(path.read_text())["config_hash"] != want:
-                out.append((task, variant))
-    return out
+    return [
+        (task, variant)
+        for task in tasks
+        for variant in variants
+        if not is_current(result_path(task, variant), TASKS[task], VARIANTS[variant][task] + extra)
+    ]
 
 
 def table(tasks, variants) -> str:
@@ -161,15 +115,6 @@ def table(tasks, variants) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str) -> None:
-    readme = README.read_text()
-    block = f"{BEGIN}\n{text}\n{END}"
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(readme):
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} block to rewrite")
-    README.write_text(pattern.sub(lambda _: block, readme))
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(TASKS), action="append")
@@ -192,12 +137,12 @@ def main(argv=None) -> int:
     for task, variant in pending(tasks, variants, args.extra):
         print(f"training {task} with {variant} ...", flush=True)
         record = run_one(task, variant, args.extra)
-        result_path(task, variant).write_text(json.dumps(record, indent=2) + "\n")
+        save(result_path(task, variant), record)
         print(f"  {record['wall_sec']:.0f} s, step {record['step']}", flush=True)
     text = table(tasks, variants)
     print(text)
     if args.readme:
-        write_readme(table(list(TASKS), list(VARIANTS)))
+        write_readme_block(BEGIN, END, table(list(TASKS), list(VARIANTS)))
     return 0
 
 

@@ -1,0 +1,133 @@
+"""Every toy task x family with three seeds: exact-match and wall time as mean and range.
+
+    python experiments/tasks.py                  # run what is missing, print the table
+    python experiments/tasks.py --readme         # ... and rewrite the README's table
+    python experiments/tasks.py --only copy --only copy_decoder --seeds 0
+    python experiments/tasks.py --budget 1800    # stop starting runs after 30 minutes
+
+Each run is ``train.py configs/NAME.toml train.seed=S`` in a subprocess (see
+``experiments/sweep.py``); its result is ``experiments/results/tasks/NAME-seedS.json``,
+keyed by a hash of the full config, so a rerun trains only what is missing or whose config
+changed, and the sweep can be spread over sittings. Configs run in the order listed (the
+quickest first). The seed changes the initialisation and the training batches; the eval
+set is the same for every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sweep import ROOT, is_current, save, train, write_readme_block  # noqa: E402
+
+RESULTS = ROOT / "experiments" / "results" / "tasks"
+TASKS = (
+    "copy",
+    "reverse",
+    "sort",
+    "addition_reversed",
+    "addition",
+    "associative_recall",
+    "induction_head",
+    "dyck",
+    "scan",
+)
+CONFIGS = [name + suffix for name in TASKS for suffix in ("", "_decoder")]
+SEEDS = (0, 1, 2)
+BEGIN, END = "<!-- tasks-table -->", "<!-- /tasks-table -->"
+
+
+def result_path(config: str, seed: int) -> Path:
+    return RESULTS / f"{config}-seed{seed}.json"
+
+
+def overrides(seed: int, extra: list[str]) -> list[str]:
+    return [f"train.seed={seed}", *extra]
+
+
+def pending(configs, seeds, extra: list[str]) -> list[tuple[str, int]]:
+    """The (config, seed) runs with no result, or a result of another config."""
+    return [
+        (config, seed)
+        for config in configs
+        for seed in seeds
+        if not is_current(
+            result_path(config, seed), f"configs/{config}.toml", overrides(seed, extra)
+        )
+    ]
+
+
+def _spread(values, fmt: str) -> str:
+    """``mean (min-max)`` of ``values``, or the one value."""
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(np.mean(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def table(configs, seeds) -> str:
+    """Markdown: one row per config over the seeds stored."""
+    lines = [
+        "| config | seeds | steps | exact-match: mean (min-max) | wall: mean (min-max) "
+        "| all >= 99% |",
+        "| --- | ---: | ---: | --- | --- | --- |",
+    ]
+    for config in configs:
+        runs = [
+            json.loads(result_path(config, s).read_text())
+            for s in seeds
+            if result_path(config, s).is_file()
+        ]
+        if not runs:
+            lines.append(f"| `{config}` | 0 | | not run | | |")
+            continue
+        exact = [r.get("exact_match", 0.0) for r in runs]
+        wall = [r["wall_sec"] for r in runs]
+        solved = "yes" if min(exact) >= 0.99 else "no"
+        lines.append(
+            f"| `{config}` | {len(runs)} | {runs[0]['step']} | {_spread(exact, '{:.3f}')} "
+            f"| {_spread(wall, '{:.0f}')} s | {solved} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=CONFIGS, action="append", help="a config (repeatable)")
+    parser.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--readme", action="store_true", help="rewrite the README table")
+    parser.add_argument("--budget", type=float, help="seconds after which no run is started")
+    parser.add_argument(
+        "--extra", action="append", default=[], help="override for every run (tests only)"
+    )
+    parser.add_argument("--results", help="results directory (tests only)")
+    args = parser.parse_args(argv)
+    global RESULTS
+    if args.results:
+        RESULTS = Path(args.results)
+    configs = args.only or CONFIGS
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else SEEDS
+    start = time.monotonic()
+    for config, seed in pending(configs, seeds, args.extra):
+        if args.budget is not None and time.monotonic() - start > args.budget:
+            print("time budget spent: the rest stays pending", flush=True)
+            break
+        print(f"training {config} seed {seed} ...", flush=True)
+        workdir = ROOT / "runs" / "tasks" / f"{config}-seed{seed}"
+        record = train(f"configs/{config}.toml", overrides(seed, args.extra), workdir)
+        save(result_path(config, seed), {"name": config, "seed": seed, **record})
+        print(f"  exact-match {record.get('exact_match', 0):.3f}, {record['wall_sec']:.0f} s")
+    print(table(configs, seeds))
+    if args.readme:
+        write_readme_block(BEGIN, END, table(CONFIGS, SEEDS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
