@@ -15,7 +15,6 @@ projections as softmax attention.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sweep import ROOT, is_current, save, train, write_readme_block  # noqa: E402
+from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "attention"
 TASKS = {
@@ -116,14 +116,8 @@ def table(tasks, variants) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted(TASKS), action="append")
+    parser = sweep_parser(__doc__, sorted(TASKS))
     parser.add_argument("--variants", help="comma-separated subset of " + ", ".join(VARIANTS))
-    parser.add_argument("--readme", action="store_true", help="rewrite the README table")
-    parser.add_argument(
-        "--extra", action="append", default=[], help="override for every run (tests only)"
-    )
-    parser.add_argument("--results", help="results directory (tests only)")
     args = parser.parse_args(argv)
     global RESULTS
     if args.results:

@@ -9,6 +9,7 @@ average around the run, since the 2-core machine may be shared.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -90,3 +91,16 @@ def write_readme_block(begin: str, end: str, text: str, readme: Path = README) -
     if not pattern.search(content):
         raise SystemExit(f"{readme.name} has no {begin} ... {end} block to rewrite")
     readme.write_text(pattern.sub(lambda _: f"{begin}\n{text}\n{end}", content))
+
+
+def parser(doc: str, names) -> argparse.ArgumentParser:
+    """The options every sweep takes: ``--only NAME`` (repeatable), ``--readme``, and for
+    tests ``--extra`` (an override for every run) and ``--results`` (where results go)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--only", choices=list(names), action="append", help="one of (repeatable)")
+    p.add_argument("--readme", action="store_true", help="rewrite the README table")
+    p.add_argument(
+        "--extra", action="append", default=[], help="override for every run (tests only)"
+    )
+    p.add_argument("--results", help="results directory (tests only)")
+    return p

@@ -15,7 +15,6 @@ set is the same for every run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -26,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sweep import ROOT, is_current, save, train, write_readme_block  # noqa: E402
+from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "tasks"
 TASKS = (
@@ -98,15 +98,9 @@ def table(configs, seeds) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=CONFIGS, action="append", help="a config (repeatable)")
+    parser = sweep_parser(__doc__, CONFIGS)
     parser.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
-    parser.add_argument("--readme", action="store_true", help="rewrite the README table")
     parser.add_argument("--budget", type=float, help="seconds after which no run is started")
-    parser.add_argument(
-        "--extra", action="append", default=[], help="override for every run (tests only)"
-    )
-    parser.add_argument("--results", help="results directory (tests only)")
     args = parser.parse_args(argv)
     global RESULTS
     if args.results:

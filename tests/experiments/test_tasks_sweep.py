@@ -2,35 +2,23 @@
 only what is missing, and tabulates mean and range over the seeds."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "experiments" / "tasks.py"
 sys.path.insert(0, str(ROOT / "experiments"))
 from sweep import config_hash, is_current  # noqa: E402
 
-TINY = [
-    "train.steps=2",
-    "optim.warmup_steps=1",
-    "train.eval_every=2",
-    "data.batch_size=8",
-    "data.eval_examples=8",
-]
 
-
-def sweep(results, *more):
-    cmd = [sys.executable, str(SCRIPT), "--only", "copy_decoder", "--results", str(results)]
-    cmd += [f"--extra={o}" for o in TINY] + list(more)
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+def sweep(run_script, results, *more):
+    return run_script("tasks", results, "--only", "copy_decoder", *more)
 
 
 @pytest.mark.slow
-def test_sweep_stores_each_seed_and_reruns_only_what_is_missing(tmp_path):
-    first = sweep(tmp_path, "--seeds", "0")
+def test_sweep_stores_each_seed_and_reruns_only_what_is_missing(run_script, tmp_path):
+    first = sweep(run_script, tmp_path, "--seeds", "0")
     assert first.returncode == 0, first.stderr[-2000:]
     record = json.loads((tmp_path / "copy_decoder-seed0.json").read_text())
     assert record["seed"] == 0 and record["step"] == 2 and "train.seed=0" in record["overrides"]
@@ -42,7 +30,7 @@ def test_sweep_stores_each_seed_and_reruns_only_what_is_missing(tmp_path):
     fake = dict(record, seed=1, exact_match=0.25, wall_sec=1.0, overrides=overrides)
     fake["config_hash"] = config_hash("configs/copy_decoder.toml", overrides)
     (tmp_path / "copy_decoder-seed1.json").write_text(json.dumps(fake))
-    again = sweep(tmp_path, "--seeds", "0,1")
+    again = sweep(run_script, tmp_path, "--seeds", "0,1")
     assert again.returncode == 0 and "training" not in again.stdout, again.stderr[-2000:]
     low, high = sorted([record["exact_match"], 0.25])
     mean = (low + high) / 2
