@@ -127,6 +127,10 @@ def test_load_toml_with_preset_and_overrides(tmp_path):
     assert exp.optim.learning_rate == 3e-4 and exp.optim.schedule == "wsd"
     assert exp.data.task_params == {"max_len": 6, "min_len": 2}
     assert exp.workdir == "/tmp/x"
+    # ``none`` is None for an optional field, and the string "none" for a string field.
+    assert C.load(path, ["model.position=none"]).model.position == "none"
+    with pytest.raises(C.ConfigError, match="model.norm='none' is invalid"):
+        C.load(path, ["model.norm=none"])
 
 
 def test_round_trip_through_json():

@@ -465,6 +465,11 @@ def _build_section(section: str, values: dict) -> Any:
                 f"unknown key {section}.{key}{_suggest(key, names)}; "
                 f"valid keys: {', '.join(sorted(names))}"
             )
+    # An override ``key=none`` reads as None; for a field that takes only strings (e.g.
+    # model.position) it means the string "none".
+    for f in dataclasses.fields(cls):
+        if values.get(f.name, "") is None and f.type == "str":
+            values[f.name] = "none"
     return dataclasses.replace(base, **values)
 
 

@@ -175,7 +175,11 @@ def test_params_rebuild_the_task(name):
 
 def test_defaults_are_small():
     assert make_task("copy").params == {"num_symbols": 10, "min_len": 1, "max_len": 10}
-    assert make_task("addition").params == {"num_digits": 3, "reversed_answer": False}
+    assert make_task("addition").params == {
+        "num_digits": 3,
+        "reversed_answer": False,
+        "exact_digits": False,
+    }
     assert make_task("addition_reversed").reversed_answer
 
 
@@ -194,6 +198,16 @@ def test_example_split_is_stable():
     assert example_split(np.array([13, 5], np.int32)) == "eval"
     fractions = np.mean([example_split([i, j]) == "eval" for i in range(100) for j in range(100)])
     assert 0.07 < fractions < 0.13
+
+
+def test_exact_digits_gives_operands_of_exactly_num_digits():
+    task = make_task("addition_reversed", num_digits=6, exact_digits=True)
+    for source, target in _samples(task, "eval", 50):
+        _check_answer(task, source, target)
+        a, b = task.vocab.decode(source).replace(" ", "").split("+")
+        assert len(a) == len(b) == 6 and a[0] != "0" and b[0] != "0"
+    with pytest.raises(ValueError, match="exact_digits must be a bool"):
+        make_task("addition", exact_digits=1)
 
 
 def test_task_params_change_the_data():

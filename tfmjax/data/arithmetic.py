@@ -20,18 +20,22 @@ class AdditionTask(Task):
     of b; in-distribution a, b are uniform in [0, 10**num_digits). Target: the
     digits of a + b, most significant first, or least significant first when
     `reversed_answer` (the carry-friendly order; operands stay most significant
-    first). Length split: both operands have num_digits+1 .. 2*num_digits digits.
+    first). With `exact_digits`, in-distribution operands have exactly num_digits
+    digits (what a length-generalisation study evaluates at). Length split: both
+    operands have num_digits+1 .. 2*num_digits digits.
     """
 
     num_digits: int = 3
     reversed_answer: bool = False
+    exact_digits: bool = False
 
     def __post_init__(self) -> None:
         check_int("addition", "num_digits", self.num_digits, 1)
-        if not isinstance(self.reversed_answer, bool):
-            raise ValueError(
-                f"task {self.name!r}: reversed_answer must be a bool, got {self.reversed_answer!r}"
-            )
+        for flag in ("reversed_answer", "exact_digits"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(
+                    f"task {self.name!r}: {flag} must be a bool, got {getattr(self, flag)!r}"
+                )
         object.__setattr__(self, "vocab", Vocab(_DIGITS + ["+"]))
 
     @property
@@ -39,8 +43,10 @@ class AdditionTask(Task):
         return "addition_reversed" if self.reversed_answer else "addition"
 
     def _operand(self, rng: np.random.Generator, long: bool) -> int:
-        if long:  # exactly d digits, d uniform in (num_digits, 2 * num_digits]
-            d = int(rng.integers(self.num_digits + 1, 2 * self.num_digits + 1))
+        if long or self.exact_digits:  # exactly d digits
+            d = self.num_digits
+            if long:  # d uniform in (num_digits, 2 * num_digits]
+                d = int(rng.integers(self.num_digits + 1, 2 * self.num_digits + 1))
             digits = [int(rng.integers(1, 10))] + rng.integers(0, 10, size=d - 1).tolist()
         else:  # uniform in [0, 10**num_digits), built digit-wise so any num_digits works
             digits = rng.integers(0, 10, size=self.num_digits).tolist()
