@@ -1,0 +1,261 @@
+"""Train short, test long: each position encoding on copy, reverse and reversed-digit
+addition, evaluated at 1x, 1.5x and 2x the longest training length, both families.
+
+    python experiments/length_generalisation.py           # run what is missing, print the table
+    python experiments/length_generalisation.py --readme  # ... rewrite the README table + PNG
+    python experiments/length_generalisation.py --only copy --encodings rope,alibi --seeds 0
+
+Training lengths: copy and reverse 1-8 symbols (tested at 8, 12, 16), addition operands of
+1-4 digits (tested with exactly 4, 6, 8 digits). Encodings: sinusoidal, learned, RoPE,
+ALiBi, T5 relative buckets, and none (decoder-only: a causal decoder can count positions
+itself; an encoder without positions cannot tell orders apart). Every model has
+``max_len = 64`` positions, so learned positions past the training lengths exist but were
+never trained. Each run trains with ``train.py`` (see ``experiments/sweep.py``), then the
+checkpoint is scored in this process with greedy decoding on 256 eval-split examples per
+length; the result is ``experiments/results/length/TASK-FAMILY-ENCODING-seedS.json``,
+keyed by a hash of the config and the evaluation, so the study can span sittings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sweep import ROOT, config_hash, save, train, write_readme_block  # noqa: E402
+from sweep import parser as sweep_parser  # noqa: E402
+
+RESULTS = ROOT / "experiments" / "results" / "length"
+FIGURE = ROOT / "docs" / "length_generalisation.png"
+FAMILIES = {"decoder_only": "_decoder", "encoder_decoder": ""}
+ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "relative", "none")
+FACTORS = (1.0, 1.5, 2.0)
+SEEDS = (0, 1)
+EVAL_EXAMPLES = 256
+# Per task: the training lengths (task params), the length parameter and its training
+# maximum, and the overrides that keep a run near one minute on the 2-core CPU.
+TASKS = {
+    "copy": {"params": {"min_len": 1, "max_len": 8}, "length": "max_len", "train": []},
+    "reverse": {"params": {"min_len": 1, "max_len": 8}, "length": "max_len", "train": []},
+    "addition_reversed": {
+        "params": {"num_digits": 4},
+        "length": "num_digits",
+        "train": ["data.batch_size=64", "train.steps=3000"],
+    },
+}
+BEGIN, END = "<!-- length-table -->", "<!-- /length-table -->"
+
+
+def runs(tasks, families, encodings, seeds):
+    """Every (task, family, encoding, seed) of the study (no positions: decoder-only)."""
+    return [
+        (task, family, encoding, seed)
+        for task in tasks
+        for family in families
+        for encoding in encodings
+        if not (encoding == "none" and family == "encoder_decoder")
+        for seed in seeds
+    ]
+
+
+def config_of(task: str, family: str) -> str:
+    return f"configs/{task}{FAMILIES[family]}.toml"
+
+
+def overrides(task: str, encoding: str, seed: int, extra: list[str]) -> list[str]:
+    spec = TASKS[task]
+    params = [f"data.task_params.{k}={v}" for k, v in spec["params"].items()]
+    return [
+        f"model.position={encoding}",
+        "model.max_len=64",
+        *params,
+        *spec["train"],
+        f"train.seed={seed}",
+        *extra,
+    ]
+
+
+def lengths_of(task: str) -> list[int]:
+    longest = TASKS[task]["params"][TASKS[task]["length"]]
+    return [int(round(f * longest)) for f in FACTORS]
+
+
+def run_hash(task, family, encoding, seed, extra) -> str:
+    key = {
+        "config": config_hash(config_of(task, family), overrides(task, encoding, seed, extra)),
+        "lengths": lengths_of(task),
+        "examples": EVAL_EXAMPLES,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def result_path(task, family, encoding, seed) -> Path:
+    return RESULTS / f"{task}-{family}-{encoding}-seed{seed}.json"
+
+
+def is_current(run, extra) -> bool:
+    path = result_path(*run)
+    return path.is_file() and json.loads(path.read_text())["hash"] == run_hash(*run, extra)
+
+
+def task_at(task: str, n: int):
+    """The task with every example at length ``n`` (symbols, or digits per operand)."""
+    from tfmjax.data.tasks import make_task
+
+    if TASKS[task]["length"] == "num_digits":
+        return make_task(task, num_digits=n, exact_digits=True)
+    return make_task(task, min_len=n, max_len=n)
+
+
+def score(workdir: Path, task: str) -> list[dict]:
+    """Greedy exact-match and token accuracy of the checkpoint at each test length."""
+    from tfmjax.checkpoint import load_for_inference
+    from tfmjax.config import from_dict
+    from tfmjax.evaluator import Evaluator
+
+    config, params, _ = load_for_inference(workdir)
+    model_config = from_dict(config).model
+    out = []
+    for n in lengths_of(task):
+        evaluator = Evaluator(
+            model_config, task_at(task, n), batch_size=64, num_examples=EVAL_EXAMPLES
+        )
+        metrics, _ = evaluator(params)
+        out.append(
+            {
+                "length": n,
+                "exact_match": round(float(metrics["exact_match"]), 4),
+                "token_accuracy": round(float(metrics["token_accuracy"]), 4),
+            }
+        )
+    return out
+
+
+def run_one(task, family, encoding, seed, extra) -> dict:
+    name = f"{task}-{family}-{encoding}-seed{seed}"
+    record = train(
+        config_of(task, family),
+        overrides(task, encoding, seed, extra),
+        ROOT / "runs" / "length" / name,
+    )
+    record.pop("curve")
+    start = time.perf_counter()
+    scores = score(ROOT / "runs" / "length" / name, task)
+    return {
+        "task": task,
+        "family": family,
+        "encoding": encoding,
+        "seed": seed,
+        "hash": run_hash(task, family, encoding, seed, extra),
+        "train": record,
+        "scores": scores,
+        "score_sec": round(time.perf_counter() - start, 1),
+    }
+
+
+def _mean_scores(task, family, encoding, seeds, metric: str):
+    """``(per-length means, number of seeds)`` of the stored results."""
+    rows = [
+        json.loads(result_path(task, family, encoding, s).read_text())
+        for s in seeds
+        if result_path(task, family, encoding, s).is_file()
+    ]
+    if not rows:
+        return None, 0
+    values = np.array([[point[metric] for point in r["scores"]] for r in rows])
+    return values.mean(axis=0), len(rows)
+
+
+def table(tasks, families, encodings, seeds) -> str:
+    head = " / ".join(f"{f:g}x" for f in FACTORS)
+    lines = [
+        f"| task | family | encoding | seeds | exact-match ({head}) | token accuracy ({head}) |",
+        "| --- | --- | --- | ---: | --- | --- |",
+    ]
+    for task in tasks:
+        for family in families:
+            for encoding in encodings:
+                if encoding == "none" and family == "encoder_decoder":
+                    continue
+                em, n = _mean_scores(task, family, encoding, seeds, "exact_match")
+                if em is None:
+                    lines.append(f"| `{task}` | {family} | {encoding} | 0 | not run | |")
+                    continue
+                acc, _ = _mean_scores(task, family, encoding, seeds, "token_accuracy")
+                fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs)
+                lines.append(f"| `{task}` | {family} | {encoding} | {n} | {fmt(em)} | {fmt(acc)} |")
+    return "\n".join(lines)
+
+
+def figure(tasks, families, encodings, seeds, path: Path) -> None:
+    """Exact-match against test length, one panel per task x family, a line per encoding."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * len(tasks), 3.2 * len(families)), layout="constrained")
+    axes = fig.subplots(len(families), len(tasks), squeeze=False)
+    for row, family in enumerate(families):
+        for col, task in enumerate(tasks):
+            ax = axes[row][col]
+            for encoding in encodings:
+                em, n = _mean_scores(task, family, encoding, seeds, "exact_match")
+                if em is not None:
+                    ax.plot(lengths_of(task), em, marker="o", label=encoding)
+            ax.set_title(f"{task}, {family}", fontsize="medium")
+            ax.set_xticks(lengths_of(task))
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_xlabel("test length (training max = first tick)")
+            ax.set_ylabel("exact-match")
+            ax.grid(alpha=0.3)
+    if axes[0][0].lines:
+        axes[0][0].legend(fontsize="small")
+    FigureCanvasAgg(fig).print_png(str(path))
+
+
+def main(argv=None) -> int:
+    parser = sweep_parser(__doc__, TASKS)
+    parser.add_argument("--families", help="comma-separated subset of " + ", ".join(FAMILIES))
+    parser.add_argument("--encodings", help="comma-separated subset of " + ", ".join(ENCODINGS))
+    parser.add_argument("--seeds", help="comma-separated seeds (default 0,1)")
+    parser.add_argument("--budget", type=float, help="seconds after which no run is started")
+    parser.add_argument("--figure", help="where the PNG goes (default docs/)")
+    args = parser.parse_args(argv)
+    global RESULTS
+    if args.results:
+        RESULTS = Path(args.results)
+    tasks = args.only or list(TASKS)
+    families = args.families.split(",") if args.families else list(FAMILIES)
+    encodings = args.encodings.split(",") if args.encodings else list(ENCODINGS)
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else SEEDS
+    for name, chosen, known in (("family", families, FAMILIES), ("encoding", encodings, ENCODINGS)):
+        bad = [c for c in chosen if c not in known]
+        if bad:
+            parser.error(f"unknown {name} {bad[0]!r}; choose from {', '.join(known)}")
+    start = time.monotonic()
+    for run in runs(tasks, families, encodings, seeds):
+        if is_current(run, args.extra):
+            continue
+        if args.budget is not None and time.monotonic() - start > args.budget:
+            print("time budget spent: the rest stays pending", flush=True)
+            break
+        print(f"training {' '.join(map(str, run))} ...", flush=True)
+        record = run_one(*run, args.extra)
+        save(result_path(*run), record)
+        em = " ".join(f"{p['exact_match']:.2f}" for p in record["scores"])
+        print(f"  exact-match {em}; {record['train']['wall_sec']:.0f} s", flush=True)
+    print(table(tasks, families, encodings, seeds))
+    if args.readme or args.figure:
+        figure(tasks, families, encodings, seeds, Path(args.figure) if args.figure else FIGURE)
+    if args.readme:
+        write_readme_block(BEGIN, END, table(list(TASKS), list(FAMILIES), ENCODINGS, SEEDS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
