@@ -13,15 +13,6 @@ from pathlib import Path
 from tfmjax.evaluator import NUM_ROWS
 
 
-def _workdir(path: Path) -> Path:
-    """The workdir a checkpoint path (a workdir, its checkpoints dir or a step dir) belongs to."""
-    if path.name.isdigit() and path.parent.name == "checkpoints":
-        return path.parent.parent
-    if path.name == "checkpoints":
-        return path.parent
-    return path
-
-
 def evaluate_checkpoint(
     path: str | Path,
     *,
@@ -38,7 +29,7 @@ def evaluate_checkpoint(
     The config comes from the checkpoint. Raises CheckpointError (missing, corrupt) or
     ConfigError (a config, split or size that does not fit), each with a one-line message.
     """
-    from tfmjax.checkpoint import load_for_inference, open_checkpoint_source
+    from tfmjax.checkpoint import load_for_inference, open_checkpoint_source, workdir_of
     from tfmjax.config import ConfigError, from_dict
     from tfmjax.models.checks import InputError
     from tfmjax.text_evaluator import make_evaluator
@@ -46,7 +37,7 @@ def evaluate_checkpoint(
     path = Path(path)
     config, params, step = load_for_inference(path)
     experiment = from_dict(config)
-    workdir = _workdir(path)
+    workdir = workdir_of(path)
     data = experiment.data
     try:
         source = open_checkpoint_source(path, step, data)

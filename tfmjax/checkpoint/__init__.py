@@ -55,6 +55,7 @@ from tfmjax.checkpoint.inference import (
     load_config,
     load_for_inference,
     open_checkpoint_source,
+    workdir_of,
 )
 from tfmjax.checkpoint.manager import Checkpointer
 
@@ -66,4 +67,5 @@ __all__ = [
     "load_for_inference",
     "open_checkpoint_source",
     "params_hash",
+    "workdir_of",
 ]

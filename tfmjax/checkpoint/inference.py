@@ -108,3 +108,13 @@ def open_checkpoint_source(path, step: int, data):
             "written by an older tfmjax: retrain, or evaluate a newer checkpoint"
         )
     return open_source(data.task, data.task_params, tokenizer=tokenizer_from_dict(saved))
+
+
+def workdir_of(path: str | Path) -> Path:
+    """The workdir a checkpoint path (a workdir, its checkpoints dir or a step dir) belongs to."""
+    path = Path(path)
+    if path.name.isdigit() and path.parent.name == "checkpoints":
+        return path.parent.parent
+    if path.name == "checkpoints":
+        return path.parent
+    return path

@@ -7,6 +7,7 @@ turns them into PNGs and a report.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 from pathlib import Path
 
@@ -20,7 +21,13 @@ from tfmjax.data.vocab import RESERVED_TOKENS
 from tfmjax.interp import patching
 from tfmjax.interp.attribution import logit_attribution
 from tfmjax.interp.heads import SCORES, head_scores
-from tfmjax.interp.hooked import ActivationCache, mean_ablate, run_with_cache, run_with_patches
+from tfmjax.interp.hooked import (
+    ActivationCache,
+    hook_shapes,
+    mean_ablate,
+    run_with_cache,
+    run_with_patches,
+)
 from tfmjax.interp.sae import SAEConfig, loss_recovered, reconstruct, sae_metrics, train_sae
 from tfmjax.models import build
 
@@ -151,10 +158,6 @@ def head_means(run: Run, batch: dict, kind: str = "attn") -> ActivationCache:
 
 
 def _has(run: Run, batch, pattern: str) -> bool:
-    import fnmatch
-
-    from tfmjax.interp.hooked import hook_shapes
-
     return any(fnmatch.fnmatchcase(n, pattern) for n in hook_shapes(run.model, run.params, batch))
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmjax.checkpoint import CheckpointError
+from tfmjax.checkpoint import CheckpointError, workdir_of
 from tfmjax.config import ConfigError
 from tfmjax.data.vocab import RESERVED_TOKENS
 from tfmjax.interp import analyses, plots
@@ -160,10 +160,7 @@ def run_command(args) -> dict:
 
 
 def _out(args) -> Path:
-    base = Path(args.workdir)
-    if base.name.isdigit() and base.parent.name == "checkpoints":
-        base = base.parent.parent
-    return Path(args.out) if args.out else base / "interp"
+    return Path(args.out) if args.out else workdir_of(args.workdir) / "interp"
 
 
 def _patterns(run, batch, args, out: Path) -> dict:
