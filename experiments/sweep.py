@@ -4,7 +4,9 @@ rewrite a README block between markers.
 
 A result records the last eval's metrics, the eval curve, the wall time (Python start-up,
 compilation, training, evals and checkpoints: ``train.py`` from start to exit) and the load
-average around the run, since the 2-core machine may be shared.
+average around the run, since the 2-core machine may be shared, and how many cores the run
+was allowed (``taskset -c 0 python experiments/...`` pins a sweep to one core, leaving the
+other free; these small models train about as fast on one core as on two).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def train(config_path: str | Path, overrides: list[str], workdir: Path) -> dict:
         "wall_sec": round(wall, 1),
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
+        "cores": len(os.sched_getaffinity(0)),
         "date": time.strftime("%Y-%m-%d"),
     }
 
