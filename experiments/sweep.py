@@ -33,9 +33,10 @@ METRICS = ("exact_match", "token_accuracy", "loss", "bits_per_char")
 
 
 def config_hash(config_path: str | Path, overrides: list[str]) -> str:
-    """A hash of the whole experiment config (the workdir left out)."""
+    """A hash of the whole experiment config (the workdir and the mesh left out)."""
     raw = load(ROOT / config_path, overrides).to_dict()
     raw["train"]["workdir"] = ""
+    raw.pop("mesh", None)
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -13,17 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Layer of each top-level name under tfmjax/ (the package __init__ is ""): config < kernels,
 # layers, data < models < decode, train, ... < entry points, with the order inside a group
-# made explicit (layers use kernels; the training loop uses the evaluator).
+# made explicit (layers use kernels; the training loop uses the evaluator; decoding, checkpoints
+# and training all place arrays on the mesh of tfmjax.parallel).
 LAYER_GROUPS = [
     ("", "presets", "field_help"),
     ("config",),
     ("kernels", "data", "losses"),
     ("layers",),
     ("models",),
+    ("parallel",),
     ("decode", "checkpoint"),
     ("evaluator",),
     ("text_evaluator",),
-    ("train", "interp", "parallel", "hf"),
+    ("train", "interp", "hf"),
     ("evaluate", "generate", "summary", "explain"),
 ]
 LAYERS = {name: rank for rank, names in enumerate(LAYER_GROUPS) for name in names}

@@ -34,6 +34,18 @@ def test_attention_impls_are_the_configs_impls():
     assert tuple(kernels.IMPLS) == C.ATTENTION_IMPLS
 
 
+def test_rule_sets_are_the_configs_rule_sets():
+    from tfmjax.layers.axes import AXES
+    from tfmjax.parallel import RULE_SETS
+
+    assert tuple(RULE_SETS) == C.RULE_SETS
+    for rules in RULE_SETS.values():
+        for logical, mesh_axes in rules:
+            assert logical in AXES
+            axes = (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+            assert set(axes) <= set(C.MESH_AXES)
+
+
 def test_feature_maps_are_the_configs_feature_maps():
     from tfmjax.kernels import linear
 

@@ -29,6 +29,8 @@ ATTENTIONS = ("softmax", "mla", "linear")  # model.attention: the self-attention
 FEATURE_MAPS = ("elu", "favor")  # model.feature_map of linear attention
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
+MESH_AXES = ("data", "fsdp", "tensor")  # mesh.data, mesh.fsdp, mesh.tensor, in this order
+RULE_SETS = ("standard", "replicated")  # mesh.rules: see tfmjax.parallel.rules
 EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity", "bits_per_char")
 LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_char")
 # Each enumeration above is the one list of names; the registries that implement them
@@ -399,18 +401,57 @@ class TrainConfig:
         _one_of("train.best_metric", self.best_metric, EVAL_METRICS)
 
 
-SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "data": DataConfig, "train": TrainConfig}
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """How the run spreads over devices: a ``data x fsdp x tensor`` mesh and a rule set.
+
+    ``-1`` (at most one axis) means "the devices the other axes leave". The default is one
+    device. The mesh is not part of the model: a checkpoint restores onto any mesh.
+    Whether the sizes fit the machine and the model is checked when the mesh is built
+    (:func:`tfmjax.parallel.check_mesh`), where the device count is known.
+    """
+
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+    rules: str = "standard"
+
+    def __post_init__(self):
+        _check_types("mesh", self)
+        sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
+        for axis, size in sizes.items():
+            _require(size == -1 or size >= 1, f"mesh.{axis}", size, "must be >= 1, or -1")
+        rest = [axis for axis, size in sizes.items() if size == -1]
+        _require(
+            len(rest) <= 1,
+            f"mesh.{rest[-1] if rest else ''}",
+            -1,
+            f"only one mesh axis may be -1 (the rest of the devices); {', '.join(rest)} are",
+        )
+        _one_of("mesh.rules", self.rules, RULE_SETS)
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "mesh": MeshConfig,
+}
+# The sections that decide what a run computes; the mesh only decides where.
+RUN_SECTIONS = ("model", "optim", "data", "train")
 
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """Everything one run needs: its name and the four sections."""
+    """Everything one run needs: its name, the four sections of the run and the mesh."""
 
     name: str = "experiment"
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
 
     def __post_init__(self):
         k = self.optim.grad_accum_steps

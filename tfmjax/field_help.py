@@ -80,4 +80,8 @@ FIELD_HELP = {
     "train.best_metric": "eval metric that picks the best checkpoint",
     "train.tensorboard": "also write TensorBoard event files",
     "train.init_from": "a new run starts from the params of this checkpoint (e.g. an HF import)",
+    "mesh.data": "data-parallel devices (whole params, a slice of the batch); -1: the rest",
+    "mesh.fsdp": "FSDP devices (1/fsdp of the params, a slice of the batch); -1: the rest",
+    "mesh.tensor": "tensor-parallel devices (heads, FFN, vocabulary split); -1: the rest",
+    "mesh.rules": "standard (params sharded as the mesh says) or replicated (params whole)",
 }

@@ -1,6 +1,7 @@
 """The attention module against per-head scaled dot-product attention (Vaswani et al. 2017)
 with explicit per-head weights."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +16,7 @@ def test_module_matches_per_head_loop(num_kv_heads):
     x = np.random.default_rng(0).normal(size=(1, T, D)).astype(np.float32)
     module = MultiHeadAttention(D, N, num_kv_heads, H, use_bias=False, impl="reference")
     pos = jnp.arange(T)[None]
-    params = module.init(jax.random.key(0), x, q_positions=pos)["params"]
+    params = nn.unbox(module.init(jax.random.key(0), x, q_positions=pos))["params"]
     out, _ = module.apply({"params": params}, x, q_positions=pos, causal=True)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     heads = []
@@ -55,7 +56,7 @@ def test_cross_attention_uses_context():
     module = MultiHeadAttention(D, N, N, H, impl="reference")
     pos = jnp.arange(3)[None]
     ctx = rng.normal(size=(1, 6, D)).astype(np.float32)
-    params = module.init(jax.random.key(0), x, ctx, q_positions=pos)
+    params = nn.unbox(module.init(jax.random.key(0), x, ctx, q_positions=pos))
     # biases start at zero: move every parameter so that the biases count too
     params = jax.tree.map(lambda a: a + 0.1 * rng.normal(size=a.shape).astype(np.float32), params)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params["params"])

@@ -6,6 +6,7 @@ import importlib.util
 import math
 import pathlib
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +31,7 @@ def make(q_rank=12, rope_dim=4, **kw):
 def setup_module_params(layer, seed=0):
     x = jax.random.normal(jax.random.key(seed), (B, T, D))
     positions = jnp.broadcast_to(jnp.arange(T), (B, T))
-    params = layer.init(jax.random.key(1), x, q_positions=positions)
+    params = nn.unbox(layer.init(jax.random.key(1), x, q_positions=positions))
     # random (not zero) biases, so the reference checks where they enter
     params = jax.tree_util.tree_map_with_path(
         lambda path, p: (

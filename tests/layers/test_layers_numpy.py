@@ -2,6 +2,7 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,7 +43,7 @@ def test_norm_eps_is_added_to_the_variance(kind):
     x = RNG.normal(size=(3, 16)).astype(np.float32)
     x = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)  # mean 0, variance 1
     module = make_norm(kind, eps=0.5)
-    params = module.init(jax.random.key(0), x)
+    params = nn.unbox(module.init(jax.random.key(0), x))
     np.testing.assert_allclose(module.apply(params, x), x / np.sqrt(1.5), rtol=1e-5, atol=1e-6)
 
 
@@ -163,7 +164,7 @@ def _ffn_numpy(x, p, activation):
 def test_feed_forward_matches_seed_formulas(activation):
     x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
     module = FeedForward(d_ff=12, activation=activation)
-    params = module.init(jax.random.key(0), x)["params"]
+    params = nn.unbox(module.init(jax.random.key(0), x))["params"]
     params = jax.tree.map(lambda p: p + 0.1 * RNG.normal(size=p.shape).astype(np.float32), params)
     expected = _ffn_numpy(x.astype(np.float64), jax.tree.map(np.asarray, params), activation)
     np.testing.assert_allclose(module.apply({"params": params}, x), expected, rtol=1e-4, atol=1e-5)
@@ -178,7 +179,7 @@ def test_feed_forward_dropout_is_off_unless_asked():
     is turned off: the module is deterministic unless the caller says otherwise."""
     x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
     plain = FeedForward(d_ff=32)
-    params = plain.init(jax.random.key(0), x)
+    params = nn.unbox(plain.init(jax.random.key(0), x))
     rngs = {"dropout": jax.random.key(1)}
     want = plain.apply(params, x)
     np.testing.assert_array_equal(plain.apply(params, x, deterministic=False, rngs=rngs), want)

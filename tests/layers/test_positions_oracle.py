@@ -6,6 +6,7 @@ import importlib.util
 import math
 import pathlib
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,7 +71,7 @@ def test_relative_position_bias_module_matches_oracle(bidirectional):
     )
     q_pos = jnp.arange(5) + 30  # queries at 30..34, keys at 0..39
     kv_pos = jnp.arange(40)
-    params = module.init(jax.random.key(0), q_pos, kv_pos)
+    params = nn.unbox(module.init(jax.random.key(0), q_pos, kv_pos))
     got = np.asarray(module.apply(params, q_pos, kv_pos))
     table = np.asarray(params["params"]["rel_bias"])  # [buckets, N]
     rel = np.asarray(kv_pos)[None, :] - np.asarray(q_pos)[:, None]
@@ -134,7 +135,7 @@ def test_learned_positions_look_up_rows():
     """``LearnedPositions`` returns row ``positions[b, t]`` of its ``[max_len, D]`` table."""
     module = positions.LearnedPositions(max_len=9, d_model=4)
     pos = jnp.array([[0, 8, 3], [5, 5, 1]])
-    params = module.init(jax.random.key(0), pos)
+    params = nn.unbox(module.init(jax.random.key(0), pos))
     table = np.asarray(params["params"]["pos_embedding"])
     assert table.shape == (9, 4)
     np.testing.assert_array_equal(np.asarray(module.apply(params, pos)), table[np.asarray(pos)])
@@ -147,6 +148,7 @@ def test_position_tables_start_at_std_002():
     bias = positions.RelativePositionBias(
         num_heads=64, num_buckets=256, max_distance=512, bidirectional=True
     ).init(jax.random.key(2), jnp.arange(2), jnp.arange(2))
+    learned, bias = nn.unbox((learned, bias))  # drop the logical axis names
     for table in (learned["params"]["pos_embedding"], bias["params"]["rel_bias"]):
         assert float(jnp.std(table)) == pytest.approx(0.02, rel=0.05)
         assert abs(float(jnp.mean(table))) < 0.002

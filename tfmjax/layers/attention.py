@@ -26,6 +26,16 @@ import jax.numpy as jnp
 from tfmjax.kernels import attention as attention_fn
 from tfmjax.kernels import reference
 from tfmjax.layers import hooks
+from tfmjax.layers.axes import (
+    BATCH,
+    EMBED,
+    HEAD_WIDTH,
+    HEADS,
+    KV_HEADS,
+    LENGTH,
+    constrain,
+    dense_inits,
+)
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.positions import apply_rope
 
@@ -63,6 +73,22 @@ def sparse_pattern(window, stride, global_tokens) -> dict:
     return out
 
 
+def head_projections(d_model, num_heads, num_kv_heads, head_dim, use_bias, dtype):
+    """``(query, key, value, out)`` modules, created in the caller's ``setup``:
+    ``[B,T,D] -> [B,T,N,H]``, ``[B,S,D] -> [B,S,K,H]`` twice, and ``[B,T,N,H] -> [B,T,D]``,
+    their kernels' and biases' axes named for sharding."""
+    dense = lambda features, name, kernel, bias, axis=-1: nn.DenseGeneral(  # noqa: E731
+        features, axis=axis, use_bias=use_bias, dtype=dtype, name=name, **dense_inits(kernel, bias)
+    )
+    heads, kv_heads = (HEADS, HEAD_WIDTH), (KV_HEADS, HEAD_WIDTH)
+    return (
+        dense((num_heads, head_dim), "query", (EMBED, *heads), heads),
+        dense((num_kv_heads, head_dim), "key", (EMBED, *kv_heads), kv_heads),
+        dense((num_kv_heads, head_dim), "value", (EMBED, *kv_heads), kv_heads),
+        dense(d_model, "out", (*heads, EMBED), (EMBED,), axis=(-2, -1)),
+    )
+
+
 class MultiHeadAttention(nn.Module):
     """``x [B,T,D]`` (and ``context [B,S,D]`` for cross-attention) -> ``[B,T,D]``."""
 
@@ -81,13 +107,10 @@ class MultiHeadAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
 
     def setup(self):
-        dense = lambda features, name, axis=-1: nn.DenseGeneral(
-            features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, name=name
+        sizes = (self.d_model, self.num_heads, self.num_kv_heads, self.head_dim)
+        self.query, self.key, self.value, self.out = head_projections(
+            *sizes, self.use_bias, self.dtype
         )
-        self.query = dense((self.num_heads, self.head_dim), "query")
-        self.key = dense((self.num_kv_heads, self.head_dim), "key")
-        self.value = dense((self.num_kv_heads, self.head_dim), "value")
-        self.out = dense(self.d_model, "out", axis=(-2, -1))
 
     def project_kv(self, context):
         """Keys and values ``[B,S,K,H]`` of ``context [B,S,D]`` (no RoPE)."""
@@ -114,8 +137,9 @@ class MultiHeadAttention(nn.Module):
         ``kv``: precomputed cross-attention ``(k, v)`` (from :meth:`project_kv`).
         ``cache``: self-attention KV cache (see module docstring), returned updated.
         """
-        q = self.query(x)
+        q = constrain(self.query(x), BATCH, LENGTH, HEADS, HEAD_WIDTH)
         k, v = self.project_kv(x if context is None else context) if kv is None else kv
+        k, v = (constrain(a, BATCH, LENGTH, KV_HEADS, HEAD_WIDTH) for a in (k, v))
         if self.rope_base is not None:
             q = apply_rope(q, q_positions, self.rope_base, self.rope_layout)
             k_positions = q_positions if kv_positions is None else kv_positions

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tfmjax.layers.attention import MultiHeadAttention
+from tfmjax.layers.axes import BATCH, EMBED, LENGTH, constrain
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.latent_attention import LatentAttention
 from tfmjax.layers.linear_attention import LinearAttention
@@ -89,9 +90,11 @@ def residual(
     ``out_hook`` sees (and may replace) the sublayer's output ``f(...)``."""
     if norm_position == "pre":
         y, aux = sublayer(norm(x))
-        return x + dropout(out_hook(y), deterministic=deterministic), aux
-    y, aux = sublayer(x)
-    return norm(x + dropout(out_hook(y), deterministic=deterministic)), aux
+        x = x + dropout(out_hook(y), deterministic=deterministic)
+    else:
+        y, aux = sublayer(x)
+        x = norm(x + dropout(out_hook(y), deterministic=deterministic))
+    return constrain(x, BATCH, LENGTH, EMBED), aux
 
 
 class _Block(nn.Module):

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from tfmjax.kernels import attention as attention_fn
 from tfmjax.layers.attention import sparse_pattern, write_cache
+from tfmjax.layers.axes import EMBED, HEAD_WIDTH, HEADS, dense_inits, named
 from tfmjax.layers.norms import RMSNorm
 from tfmjax.layers.positions import apply_rope
 
@@ -68,20 +69,28 @@ class LatentAttention(nn.Module):
 
     def setup(self):
         N, H, R, Hr = self.num_heads, self.head_dim, self.kv_rank, self.rope_dim
-        dense = lambda features, name, axis=-1, bias=self.use_bias: nn.DenseGeneral(
-            features, axis=axis, use_bias=bias, dtype=self.dtype, name=name
+        dense = lambda features, name, kernel, bias, axis=-1, use_bias=self.use_bias: (  # noqa: E731
+            nn.DenseGeneral(
+                features,
+                axis=axis,
+                use_bias=use_bias,
+                dtype=self.dtype,
+                name=name,
+                **dense_inits(kernel, bias),
+            )
         )
-        self.kv_down = dense(R + Hr, "kv_down")
-        self.kv_norm = RMSNorm(self.norm_eps, name="kv_norm")
-        self.key_up = self.param("key_up", _up_init(), (R, N, H - Hr))
-        self.value_up = self.param("value_up", _up_init(), (R, N, H))
+        heads = (HEADS, HEAD_WIDTH)
+        self.kv_down = dense(R + Hr, "kv_down", (EMBED, None), (None,))
+        self.kv_norm = RMSNorm(self.norm_eps, axis_name=None, name="kv_norm")
+        self.key_up = self.param("key_up", named(_up_init(), None, *heads), (R, N, H - Hr))
+        self.value_up = self.param("value_up", named(_up_init(), None, *heads), (R, N, H))
         if self.q_rank is None:
-            self.query = dense((N, H), "query")
+            self.query = dense((N, H), "query", (EMBED, *heads), heads)
         else:
-            self.q_down = dense(self.q_rank, "q_down")
-            self.q_norm = RMSNorm(self.norm_eps, name="q_norm")
-            self.q_up = dense((N, H), "q_up", bias=False)
-        self.out = dense(self.d_model, "out", axis=(-2, -1))
+            self.q_down = dense(self.q_rank, "q_down", (EMBED, None), (None,))
+            self.q_norm = RMSNorm(self.norm_eps, axis_name=None, name="q_norm")
+            self.q_up = dense((N, H), "q_up", (None, *heads), heads, use_bias=False)
+        self.out = dense(self.d_model, "out", (*heads, EMBED), (EMBED,), axis=(-2, -1))
 
     def _queries(self, x, positions):
         """``(q_nope [B,T,N,H-Hr], q_rope [B,T,N,Hr])``, the RoPE part rotated."""

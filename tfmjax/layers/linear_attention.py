@@ -27,6 +27,7 @@ from tfmjax.kernels.linear import (
     linear_attention,
     linear_attention_step,
 )
+from tfmjax.layers.attention import head_projections
 from tfmjax.layers.positions import apply_rope
 
 PROJECTION_SEED = 0  # FAVOR+'s fixed random features
@@ -55,13 +56,10 @@ class LinearAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
 
     def setup(self):
-        dense = lambda features, name, axis=-1: nn.DenseGeneral(
-            features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, name=name
+        sizes = (self.d_model, self.num_heads, self.num_kv_heads, self.head_dim)
+        self.query, self.key, self.value, self.out = head_projections(
+            *sizes, self.use_bias, self.dtype
         )
-        self.query = dense((self.num_heads, self.head_dim), "query")
-        self.key = dense((self.num_kv_heads, self.head_dim), "key")
-        self.value = dense((self.num_kv_heads, self.head_dim), "value")
-        self.out = dense(self.d_model, "out", axis=(-2, -1))
 
     def projection(self):
         """FAVOR+'s ``[F,H]`` random matrix (None for elu)."""

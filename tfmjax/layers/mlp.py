@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tfmjax.layers.axes import BATCH, EMBED, LENGTH, MLP, constrain, dense_inits
 from tfmjax.layers.hooks import hook
 
 GATED = {
@@ -37,18 +38,26 @@ class FeedForward(nn.Module):
 
     @nn.compact
     def __call__(self, x, *, deterministic: bool = True):
-        dense = lambda features, name: nn.Dense(
-            features, use_bias=self.use_bias, dtype=self.dtype, name=name
+        dense = (
+            lambda features, name, axes: nn.Dense(  # noqa: E731
+                features,
+                use_bias=self.use_bias,
+                dtype=self.dtype,
+                name=name,
+                **dense_inits(axes, axes[1:]),
+            )
         )
         if self.activation in GATED:
-            gate = hook(self, "hook_pre", dense(self.d_ff, "gate")(x))
-            linear = hook(self, "hook_pre_linear", dense(self.d_ff, "up")(x))
+            gate = hook(self, "hook_pre", dense(self.d_ff, "gate", (EMBED, MLP))(x))
+            linear = hook(self, "hook_pre_linear", dense(self.d_ff, "up", (EMBED, MLP))(x))
             h = GATED[self.activation](gate) * linear
         elif self.activation in PLAIN:
-            h = PLAIN[self.activation](hook(self, "hook_pre", dense(self.d_ff, "up")(x)))
+            up = dense(self.d_ff, "up", (EMBED, MLP))
+            h = PLAIN[self.activation](hook(self, "hook_pre", up(x)))
         else:
             raise ValueError(
                 f"activation={self.activation!r} is not one of {', '.join([*PLAIN, *GATED])}"
             )
         h = nn.Dropout(self.dropout_rate)(hook(self, "hook_post", h), deterministic=deterministic)
-        return dense(x.shape[-1], "down")(h)
+        h = constrain(h, BATCH, LENGTH, MLP)
+        return dense(x.shape[-1], "down", (MLP, EMBED))(h)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from tfmjax.layers.axes import EMBED, named
 from tfmjax.layers.hooks import hook
 
 
@@ -21,11 +22,12 @@ class LayerNorm(nn.Module):
     """``gamma * (x - mean) / sqrt(var + eps) + beta`` over the last axis ``D``."""
 
     eps: float
+    axis_name: str | None = EMBED  # logical name of the normalised axis (for sharding)
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
-        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],))
+        scale = self.param("scale", named(nn.initializers.ones, self.axis_name), (x.shape[-1],))
+        bias = self.param("bias", named(nn.initializers.zeros, self.axis_name), (x.shape[-1],))
         xf = x.astype(jnp.float32)
         mean = jnp.mean(xf, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
@@ -37,10 +39,11 @@ class RMSNorm(nn.Module):
     """``gamma * x / sqrt(mean(x^2) + eps)`` over the last axis ``D`` (no centring, no shift)."""
 
     eps: float
+    axis_name: str | None = EMBED  # logical name of the normalised axis (for sharding)
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        scale = self.param("scale", named(nn.initializers.ones, self.axis_name), (x.shape[-1],))
         xf = x.astype(jnp.float32)
         inv = jnp.reciprocal(jnp.sqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps))
         y = xf * hook(self, "hook_scale", inv)

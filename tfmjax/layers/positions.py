@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfmjax.kernels.masks import alibi_slopes  # noqa: F401  (re-exported: one definition)
+from tfmjax.layers.axes import EMBED, HEADS, named
 
 
 def sinusoidal(positions, d_model: int, base: float = 10000.0, layout: str = "interleaved"):
@@ -39,9 +40,8 @@ class LearnedPositions(nn.Module):
 
     @nn.compact
     def __call__(self, positions):
-        table = self.param(
-            "pos_embedding", nn.initializers.normal(0.02), (self.max_len, self.d_model)
-        )
+        init = named(nn.initializers.normal(0.02), None, EMBED)
+        table = self.param("pos_embedding", init, (self.max_len, self.d_model))
         return jnp.take(table, positions, axis=0)
 
 
@@ -101,9 +101,8 @@ class RelativePositionBias(nn.Module):
     @nn.compact
     def __call__(self, q_pos, kv_pos):
         """``q_pos [T]``, ``kv_pos [S]`` (absolute positions)."""
-        table = self.param(
-            "rel_bias", nn.initializers.normal(0.02), (self.num_buckets, self.num_heads)
-        )
+        init = named(nn.initializers.normal(0.02), None, HEADS)
+        table = self.param("rel_bias", init, (self.num_buckets, self.num_heads))
         buckets = relative_bucket(
             kv_pos[None, :] - q_pos[:, None],
             bidirectional=self.bidirectional,

@@ -16,6 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tfmjax.layers.axes import LAYERS
+
 
 class LayerStack(nn.Module):
     """``x [B,T,D]``, per-layer ``cache`` (leading axis ``L``, or None) -> ``(x, cache)``."""
@@ -37,6 +39,7 @@ class LayerStack(nn.Module):
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(0, nn.broadcast),
                 length=self.num_layers,
+                metadata_params={nn.PARTITION_NAME: LAYERS},
             )
             stacked = jax.tree.map(lambda *cs: jnp.stack(cs), *cache) if per_layer else cache
             x, stacked = scanned(**self.block_kwargs, name="layers")(x, stacked, inputs)

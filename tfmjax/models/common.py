@@ -10,6 +10,7 @@ import numpy as np
 from tfmjax.config import DTYPES as config_dtypes
 from tfmjax.config import ModelConfig
 from tfmjax.layers.attention import init_cache
+from tfmjax.layers.axes import BATCH, EMBED, LENGTH, VOCAB, constrain, dense_inits, named
 from tfmjax.layers.blocks import BlockConfig
 from tfmjax.layers.embeddings import TokenEmbedding
 from tfmjax.layers.hooks import hook
@@ -152,7 +153,10 @@ class Embedder(nn.Module):
                 LearnedPositions(rows, cfg.d_model, name=f"{s}pos_embed") for s in sides
             ]
         if cfg.type_vocab_size:
-            self.types = nn.Embed(cfg.type_vocab_size, cfg.d_model, name="type_embed")
+            init = named(nn.linear.default_embed_init, None, EMBED)
+            self.types = nn.Embed(
+                cfg.type_vocab_size, cfg.d_model, embedding_init=init, name="type_embed"
+            )
         if cfg.embed_norm:
             self.norms = [make_norm(cfg.norm, cfg.norm_eps, name=f"{s}embed_norm") for s in sides]
         self.dropout = nn.Dropout(cfg.dropout_rate)
@@ -195,17 +199,26 @@ class OutputHead(nn.Module):
         if cfg.norm_position == "pre":
             x = make_norm(cfg.norm, cfg.norm_eps, name="final_norm")(x)
         if cfg.mlm_head:
-            x = PLAIN[cfg.activation](nn.Dense(cfg.d_model, dtype=dtype, name="mlm_dense")(x))
+            dense = nn.Dense(
+                cfg.d_model, dtype=dtype, name="mlm_dense", **dense_inits((EMBED, None), (None,))
+            )
+            x = PLAIN[cfg.activation](dense(x))
             x = make_norm(cfg.norm, cfg.norm_eps, name="mlm_norm")(x)
         if cfg.tie_embeddings:
             if cfg.scale_tied_output:
                 x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
             logits = embedder.attend(x)
         else:
-            head = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, name="lm_head")
-            logits = head(x).astype(jnp.float32)
+            head = nn.Dense(
+                cfg.vocab_size,
+                use_bias=False,
+                dtype=dtype,
+                name="lm_head",
+                **dense_inits((EMBED, VOCAB), (VOCAB,)),
+            )
+            logits = constrain(head(x).astype(jnp.float32), BATCH, LENGTH, VOCAB)
         if cfg.output_bias:
-            bias = self.param("output_bias", nn.initializers.zeros, (cfg.vocab_size,))
+            bias = self.param("output_bias", named(nn.initializers.zeros, VOCAB), (cfg.vocab_size,))
             logits = logits + bias.reshape(1, 1, -1)
         return logits
 

@@ -14,6 +14,10 @@ Class attributes
   ``equal_length_prompts``  prompts must not be padded: generation groups them by length
   ``prompt_name``     what its generation prompts are called in error messages
 
+Parameters
+  ``init(rngs, batch)``                ``nn.Module.init`` returning plain arrays
+  ``param_axes(batch)``                the logical axis names of every param (for sharding)
+
 Training (the batch dict of ``batch_format``)
   ``dummy_batch(batch, length)``       all-ones int32 batch for ``init`` / ``eval_shape``
   ``check_batch(batch)``               host: one-line :class:`InputError` on bad keys/ids/lengths
@@ -46,8 +50,11 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.core import meta
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.stack import unstack_params
@@ -65,6 +72,22 @@ class Family:
     equal_length_prompts: ClassVar[bool] = False  # decode each prompt length apart
     prompt_name: ClassVar[str] = "prompts"
     config: ModelConfig
+
+    # -- parameters --------------------------------------------------------------------
+
+    def init(self, rngs, *args, **kwargs):
+        """``nn.Module.init`` with plain arrays as params: the logical axis names the layers
+        attach for sharding (:mod:`tfmjax.layers.axes`) are dropped; :meth:`param_axes`
+        reads them."""
+        return meta.unbox(nn.Module.init(self, rngs, *args, **kwargs))
+
+    def param_axes(self, batch: dict | None = None):
+        """A pytree like the params whose leaves are PartitionSpecs of logical axis
+        names (``P("layers", "embed", "heads", "head_width")``); ``P()`` for a param with no
+        names. Abstract: no memory, no compute. ``batch`` defaults to :meth:`dummy_batch`."""
+        batch = self.dummy_batch() if batch is None else batch
+        boxed = jax.eval_shape(lambda: nn.Module.init(self, jax.random.key(0), batch))
+        return nn.get_partition_spec(boxed)
 
     # -- training ----------------------------------------------------------------------
 

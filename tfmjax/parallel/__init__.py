@@ -1,0 +1,19 @@
+"""Many devices: the mesh, the logical-axis rules, where arrays live, many processes.
+
+See :mod:`tfmjax.parallel.rules` for the rule sets and :mod:`tfmjax.parallel.placement` for
+how a run's state, batches and compiled steps are laid out.
+"""
+
+from tfmjax.parallel.mesh import check_fits, make_mesh, mesh_shape
+from tfmjax.parallel.placement import Placement, with_shardings
+from tfmjax.parallel.rules import RULE_SETS, rules_for
+
+__all__ = [
+    "RULE_SETS",
+    "Placement",
+    "check_fits",
+    "make_mesh",
+    "mesh_shape",
+    "rules_for",
+    "with_shardings",
+]

@@ -37,6 +37,7 @@ from tfmjax.data.sources import is_text, open_source
 from tfmjax.models import FAMILIES, build
 from tfmjax.models.checks import InputError
 from tfmjax.models.summary import summarize
+from tfmjax.parallel import Placement
 from tfmjax.text_evaluator import make_evaluator
 from tfmjax.train.metrics_log import Console, MetricsLog
 from tfmjax.train.optimizer import make_optimizer
@@ -47,6 +48,7 @@ from tfmjax.train.state import (
     count_params,
     create_state,
     reset_window,
+    state_shardings,
     with_params_from,
 )
 from tfmjax.train.step import jit_train_step, make_train_step, window_means
@@ -65,11 +67,15 @@ class Run:
     model: object  # deterministic: init and eval
     tx: object
     schedule: object
-    train_step: Callable  # jitted, state donated
+    train_step: Callable  # jitted for the mesh, state donated
     evaluator: object  # Evaluator or TextEvaluator: (metrics, rows) = evaluator(params)
     tokens_per_step: int  # padded positions per batch (what the step computes on)
+    placement: Placement  # the mesh, the rules, the batch layout
+    state_shardings: object  # a TrainState of shardings
 
     def batch(self, step: int) -> dict:
+        """Batch ``step`` (host arrays): the global batch, which every process samples the
+        same way; see :meth:`device_batch` for the rows a process hands to the devices."""
         exp = self.experiment
         return self.source.batch(
             batch_format=self.model.batch_format,
@@ -77,6 +83,11 @@ class Run:
             seed=exp.train.seed,
             step=step,
         )
+
+    def device_batch(self, batch: dict) -> dict:
+        """``batch`` as global arrays split over the mesh's batch axes; each process puts
+        only the rows its own devices hold."""
+        return self.placement.put_batch(self.placement.local_rows(batch))
 
 
 def _source(experiment: Experiment, model):
@@ -174,14 +185,27 @@ def _build_run(experiment: Experiment) -> Run:
         label_smoothing=o.label_smoothing,
         grad_accum_steps=o.grad_accum_steps,
     )
-    run = Run(experiment, source, model, tx, schedule, jit_train_step(step), evaluator, 0)
-    sample = run.batch(0)
+    placement = Placement.for_run(experiment)
+    sample = source.batch(
+        batch_format=model.batch_format, batch_size=d.batch_size, seed=t.seed, step=0
+    )
     try:
         model.check_batch(sample)
     except InputError as err:
         raise ConfigError(str(err)) from None
-    run.tokens_per_step = sum(int(sample[key].size) for key in model.token_keys)
-    return run
+    shardings = state_shardings(model, tx, sample, t.seed, placement)
+    return Run(
+        experiment,
+        source,
+        model,
+        tx,
+        schedule,
+        jit_train_step(step, placement, shardings),
+        evaluator,
+        sum(int(sample[key].size) for key in model.token_keys),
+        placement,
+        shardings,
+    )
 
 
 class Interrupted(Exception):
@@ -366,7 +390,8 @@ class _Loop:
         return reset_window(state)
 
     def evaluate(self, state, step: int) -> None:
-        metrics, rows = self.run.evaluator(state.params)
+        with self.run.placement.context():  # batch over data, heads over tensor
+            metrics, rows = self.run.evaluator(state.params)
         timing = dict(metrics.pop("timing"), elapsed_sec=self.elapsed())
         record = {"step": step, "split": "eval", **metrics, "timing": timing}
         if is_text(self.run.experiment.data.task):
@@ -415,6 +440,7 @@ class _Loop:
             batch = self.run.batch(step)
             self.run.model.check_batch(batch)
             self.window.steps += 1
+            batch = self.run.device_batch(batch)
             if step == start:
                 state = self.first_step(state, batch)
             else:
@@ -463,12 +489,13 @@ def _restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
     """``(state, step, changes)``: the newest good checkpoint (or a fresh state, step 0) and
     the config changes this resume applies (see :mod:`tfmjax.train.resume`)."""
     exp = run.experiment
-    target = abstract_state(run.model, run.tx, sample, exp.train.seed)
+    target = abstract_state(run.model, run.tx, sample, exp.train.seed, run.state_shardings)
     latest = ckpt.latest_step()
     if latest is None:
-        state = create_state(run.model, run.tx, sample, exp.train.seed)
+        state = create_state(run.model, run.tx, sample, exp.train.seed, run.placement)
         if exp.train.init_from:
             state, _ = with_params_from(state, exp.train.init_from, run.tx)
+            state = jax.device_put(state, run.state_shardings)
         return state, 0, []
     saved = load_config(ckpt.directory)
     applied = check_resume(saved, exp, latest, override=override)

@@ -4,6 +4,8 @@ A rerun compares the config saved in the newest checkpoint with the new one:
 
 * changes of the fields in :data:`RESUMABLE` (how long, how often to log / evaluate / save,
   where metrics go) are applied and printed: ``resuming step 1500 with train.steps 1500 -> 3000``;
+* a change of ``[mesh]`` is applied and printed too: the state is restored onto the new
+  mesh (a mesh missing from an older checkpoint's config is no change);
 * any other change is refused in one line that lists it and names the two ways out: a new
   ``train.workdir``, or ``--override-config`` (``train(..., override_config=True)``), which
   continues with the new settings and records them in the checkpoints and ``metrics.jsonl``.
@@ -34,9 +36,10 @@ def config_changes(saved: dict, now: Experiment) -> tuple[list[str], list[str]]:
     """``(allowed, refused)``: ``key old -> new`` texts of the changes from ``saved`` to ``now``."""
     allowed, refused = [], []
     for key, old, new in changes(saved, now):
-        if key in IGNORED:
+        if key in IGNORED or (key.startswith("mesh.") and "mesh" not in saved):
             continue
-        (allowed if key in RESUMABLE else refused).append(f"{key} {old!r} -> {new!r}")
+        ok = key in RESUMABLE or key.startswith("mesh.")
+        (allowed if ok else refused).append(f"{key} {old!r} -> {new!r}")
     return allowed, refused
 
 

@@ -55,13 +55,26 @@ def init_keys(seed: int) -> tuple[jax.Array, jax.Array]:
 
 
 def create_state(
-    model, tx: optax.GradientTransformation, sample_batch: dict, seed: int
+    model, tx: optax.GradientTransformation, sample_batch: dict, seed: int, placement=None
 ) -> TrainState:
     """A fresh state: ``model.init`` on ``sample_batch``, ``tx.init``, step 0, empty window.
 
-    Jitted: one compile is far cheaper than running the init op by op.
+    Jitted: one compile is far cheaper than running the init op by op. With a
+    :class:`~tfmjax.parallel.Placement`, every array is created directly with its sharding.
     """
-    return jax.jit(functools.partial(_create, model, tx), static_argnums=1)(sample_batch, seed)
+    create = functools.partial(_create, model, tx, seed=seed)
+    if placement is None:
+        return jax.jit(create)(sample_batch)
+    # Traced outside the rules: a DenseGeneral kernel is initialised flat before its reshape,
+    # and Flax would constrain the flat array by the reshaped array's names.
+    shardings = state_shardings(model, tx, sample_batch, seed, placement)
+    return jax.jit(create, out_shardings=shardings)(sample_batch)
+
+
+def state_shardings(model, tx, sample_batch: dict, seed: int, placement) -> TrainState:
+    """The sharding of every leaf of the state on ``placement``'s mesh."""
+    abstract = abstract_state(model, tx, sample_batch, seed)
+    return placement.state(abstract, placement.params(model, sample_batch))
 
 
 def _create(model, tx, sample_batch: dict, seed: int) -> TrainState:
@@ -77,10 +90,16 @@ def _create(model, tx, sample_batch: dict, seed: int) -> TrainState:
 
 
 def abstract_state(
-    model, tx: optax.GradientTransformation, sample_batch: dict, seed: int
+    model, tx: optax.GradientTransformation, sample_batch: dict, seed: int, shardings=None
 ) -> TrainState:
-    """Shapes and dtypes of :func:`create_state` (no memory, no compute): a restore target."""
-    return jax.eval_shape(functools.partial(_create, model, tx, seed=seed), sample_batch)
+    """Shapes and dtypes of :func:`create_state` (no memory, no compute), with ``shardings``
+    (a tree like the state) if given: a restore target."""
+    abstract = jax.eval_shape(functools.partial(_create, model, tx, seed=seed), sample_batch)
+    if shardings is None:
+        return abstract
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
 
 
 def reset_window(state: TrainState) -> TrainState:

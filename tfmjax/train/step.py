@@ -136,9 +136,21 @@ def step_metrics(sums: dict, grad_norm, lr, ok) -> dict:
     }
 
 
-def jit_train_step(train_step: Callable) -> Callable:
-    """``jax.jit`` with the state donated: its buffers are reused for the new state."""
-    return jax.jit(train_step, donate_argnums=0)
+def jit_train_step(train_step: Callable, placement=None, state_shardings=None) -> Callable:
+    """``jax.jit`` with the state donated: its buffers are reused for the new state.
+
+    With a :class:`~tfmjax.parallel.Placement` and the state's shardings, the step is
+    compiled for the mesh: the state keeps its shardings, the batch comes split over the
+    batch axes, the metrics are replicated.
+    """
+    if placement is None:
+        return jax.jit(train_step, donate_argnums=0)
+    return placement.jit(
+        train_step,
+        in_shardings=(state_shardings, placement.batch),
+        out_shardings=(state_shardings, placement.replicated),
+        donate_argnums=0,
+    )
 
 
 def make_eval_step(model) -> Callable:

@@ -1,0 +1,70 @@
+"""The device mesh of a run: ``data x fsdp x tensor`` from the ``[mesh]`` config, checked
+against the devices and the model in one line each.
+
+Every run has a mesh; the default ``(1, 1, 1)`` is one device. Axes are ``AxisType.Auto``:
+GSPMD propagates shardings from the params' and the batch's layouts and the logical
+constraints in the layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from jax.sharding import AxisType, Mesh
+
+from tfmjax.config import MESH_AXES, ConfigError, Experiment, MeshConfig
+
+
+def mesh_shape(cfg: MeshConfig, num_devices: int) -> dict[str, int]:
+    """``{"data": d, "fsdp": f, "tensor": t}`` with a ``-1`` filled in; ConfigError (one
+    line) if the sizes do not divide ``num_devices``."""
+    sizes = {axis: getattr(cfg, axis) for axis in MESH_AXES}
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    text = " x ".join(f"{axis}={size}" for axis, size in sizes.items())
+    if num_devices % fixed:
+        raise ConfigError(
+            f"mesh {text} needs a multiple of {fixed} devices, and there are {num_devices}; "
+            f"choose sizes whose product divides {num_devices}, or set one of them to -1"
+        )
+    return {axis: num_devices // fixed if size == -1 else size for axis, size in sizes.items()}
+
+
+def check_fits(experiment: Experiment, shape: dict[str, int]) -> None:
+    """ConfigError (one line) if the batch or the model does not split over ``shape``."""
+    m, d, o = experiment.model, experiment.data, experiment.optim
+    text = " x ".join(f"{axis}={size}" for axis, size in shape.items())
+    tensor = shape["tensor"]
+    for field, size in (("num_heads", m.num_heads), ("d_ff", m.d_ff)):
+        if size % tensor:
+            raise ConfigError(
+                f"mesh.tensor={tensor} does not divide model.{field}={size}: tensor "
+                f"parallelism splits it evenly; pick a tensor size that divides {size}"
+            )
+    ways = shape["data"] * shape["fsdp"] * (tensor if experiment.mesh.rules == "replicated" else 1)
+    rows = d.batch_size // o.grad_accum_steps
+    if rows % ways:
+        raise ConfigError(
+            f"data.batch_size={d.batch_size} (micro-batches of {rows} rows) does not split over "
+            f"the {ways} batch shards of mesh {text}; use a multiple of {ways} rows"
+        )
+
+
+def make_mesh(experiment: Experiment, devices=None) -> Mesh:
+    """The run's mesh over the first ``data x fsdp x tensor`` of ``devices`` (default: all
+    of ``jax.devices()``, every process's); checked with :func:`check_fits`."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(experiment.mesh, len(devices))
+    check_fits(experiment, shape)
+    n = math.prod(shape.values())
+    if n < len(devices) and jax.process_count() > 1:
+        raise ConfigError(
+            f"mesh uses {n} of {len(devices)} devices, and with {jax.process_count()} "
+            "processes every device must take part; set one mesh axis to -1"
+        )
+    return jax.make_mesh(
+        tuple(shape.values()),
+        MESH_AXES,
+        axis_types=(AxisType.Auto,) * len(MESH_AXES),
+        devices=devices[:n],
+    )
