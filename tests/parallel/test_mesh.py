@@ -236,3 +236,14 @@ def test_minus_one_takes_the_rest_and_kv_heads_that_do_not_split_stay_whole():
     assert dict(placement.mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 4}
     assert "kv_heads" not in dict(placement.rules)  # 2 kv heads on 4 devices: replicated
     assert dict(placement.rules)["heads"] == "tensor"
+
+
+def test_a_resume_may_change_the_mesh_and_an_old_checkpoint_has_none():
+    from tfmjax.train.resume import config_changes
+
+    saved = load(CONFIGS["decoder_only"], SMALL).to_dict()
+    now = load(CONFIGS["decoder_only"], [*SMALL, "mesh.data=2", "mesh.tensor=4"])
+    allowed, refused = config_changes(saved, now)
+    assert allowed == ["mesh.data 1 -> 2", "mesh.tensor 1 -> 4"] and refused == []
+    del saved["mesh"]  # a checkpoint written before meshes existed
+    assert config_changes(saved, now) == ([], [])

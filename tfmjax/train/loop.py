@@ -481,6 +481,10 @@ def _header(run: Run, params, start: int, console: Console) -> None:
         f"{count_params(params):,} parameters, batch {exp.data.batch_size}, "
         f"{exp.train.steps} steps; workdir {exp.workdir}"
     )
+    mesh = " x ".join(f"{axis}={size}" for axis, size in run.placement.mesh.shape.items())
+    used, available = run.placement.mesh.size, jax.device_count()
+    hint = "" if used == available else "; mesh.data=-1 (or fsdp, tensor) uses them all"
+    console.print(f"mesh {mesh}: {used} of {available} {jax.default_backend()} devices{hint}")
     if start:
         console.print(f"resumed from checkpoint step {start}")
 
