@@ -67,7 +67,7 @@ class Placement:
         """Shardings of a train state: params as given, each optimizer-state leaf shaped like
         a param (Adam's moments) as that param, everything else replicated."""
         by_path = {
-            _path_key(path): (leaf.shape, sharding)
+            jax.tree_util.keystr(path): (leaf.shape, sharding)
             for (path, leaf), sharding in zip(
                 jax.tree_util.tree_flatten_with_path(abstract_state.params)[0],
                 jax.tree.leaves(param_shardings),
@@ -77,7 +77,7 @@ class Placement:
 
         def opt_leaf(path, leaf):
             for i in range(len(path)):  # the longest path suffix that names a param
-                shape, sharding = by_path.get(_path_key(path[i:]), (None, None))
+                shape, sharding = by_path.get(jax.tree_util.keystr(path[i:]), (None, None))
                 if shape == leaf.shape:
                     return sharding
             return self.replicated
@@ -129,11 +129,6 @@ class Placement:
 
         call.jitted = jitted
         return call
-
-
-def _path_key(path) -> tuple:
-    """A key path as plain names, comparable across trees."""
-    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
 def with_shardings(abstract, shardings):

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from tfmjax.parallel import with_shardings
+
 # Running sums since the last log step. Counts of tokens and sequences are float32 so a
 # window of any length fits; ``first_nonfinite`` is -1 until a step has a non-finite loss.
 # ``SUM_KEYS`` are the per-batch sums a train step adds (see tfmjax.train.step.batch_sums).
@@ -95,11 +97,7 @@ def abstract_state(
     """Shapes and dtypes of :func:`create_state` (no memory, no compute), with ``shardings``
     (a tree like the state) if given: a restore target."""
     abstract = jax.eval_shape(functools.partial(_create, model, tx, seed=seed), sample_batch)
-    if shardings is None:
-        return abstract
-    return jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-    )
+    return abstract if shardings is None else with_shardings(abstract, shardings)
 
 
 def reset_window(state: TrainState) -> TrainState:
