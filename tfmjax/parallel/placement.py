@@ -39,7 +39,8 @@ class Placement:
 
     @contextlib.contextmanager
     def context(self):
-        """Trace under this: the mesh and the rules are in force."""
+        """Call functions jitted elsewhere (the evaluator, decoding) under this: they are
+        traced with the mesh and the rules in force. Not inside a trace; see :meth:`jit`."""
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             yield
 
@@ -114,21 +115,22 @@ class Placement:
         }
 
     def jit(self, fn: Callable, *, in_shardings, out_shardings, donate_argnums=(), **kw):
-        """``jax.jit`` with these shardings, traced (and called) under :meth:`context`."""
-        jitted = jax.jit(
-            fn,
+        """``jax.jit`` of ``fn`` with these shardings; ``fn`` is traced with the mesh (as an
+        abstract mesh, which works inside any trace: ``jax.eval_shape`` of the result too)
+        and the rules in force."""
+
+        def traced(*args):
+            with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
+                with nn.logical_axis_rules(self.rules):
+                    return fn(*args)
+
+        return jax.jit(
+            traced,
             in_shardings=in_shardings,
             out_shardings=out_shardings,
             donate_argnums=donate_argnums,
             **kw,
         )
-
-        def call(*args):
-            with self.context():
-                return jitted(*args)
-
-        call.jitted = jitted
-        return call
 
 
 def with_shardings(abstract, shardings):
