@@ -30,7 +30,7 @@ from tfmjax.config import ConfigError, Experiment, MeshConfig, get_preset  # noq
 from tfmjax.models import build  # noqa: E402
 from tfmjax.parallel import Placement  # noqa: E402
 from tfmjax.train.optimizer import make_optimizer  # noqa: E402
-from tfmjax.train.state import _create, state_shardings  # noqa: E402
+from tfmjax.train.state import _create, abstract_state, state_shardings  # noqa: E402
 
 MESHES = [
     ((8, 1, 1), "standard"),
@@ -53,7 +53,7 @@ def state_bytes(preset: str, mesh, rules: str) -> dict:
     tx = make_optimizer(schedule=lambda step: 1e-3)
     batch = model.dummy_batch(exp.data.batch_size, 16)
     shardings = state_shardings(model, tx, batch, 0, placement)
-    abstract = jax.eval_shape(functools.partial(_create, model, tx, seed=0), batch)
+    abstract = abstract_state(model, tx, batch, 0)
     leaves = zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings), strict=True)
     by_shards = whole = 0
     for leaf, sharding in leaves:
@@ -85,7 +85,7 @@ def step_time(mesh) -> float:
         [f"mesh.data={d}", f"mesh.fsdp={f}", f"mesh.tensor={t}", "data.eval_examples=64"],
     )
     run = build_run(exp)
-    state = create_state(run.model, run.tx, run.batch(0), 0, run.placement)
+    state = create_state(run.model, run.tx, run.batch(0), 0, run.state_shardings)
     batch = run.device_batch(run.batch(0))
     state, _ = run.train_step(state, batch)
     jax.block_until_ready(state)

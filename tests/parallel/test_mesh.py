@@ -62,7 +62,7 @@ def fresh(family: str, mesh):
     """``(run, initial state)`` on ``mesh``; the run (and its compiled step) is built once."""
     if (family, mesh) not in _BUILT:
         run = build_run(experiment(family, mesh))
-        state = create_state(run.model, run.tx, run.batch(0), 0, run.placement)
+        state = create_state(run.model, run.tx, run.batch(0), 0, run.state_shardings)
         _BUILT[family, mesh] = run, jax.device_get(state)
     run, host_state = _BUILT[family, mesh]
     return run, jax.device_put(host_state, run.state_shardings)  # the step donates it

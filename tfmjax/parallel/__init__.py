@@ -4,7 +4,7 @@ See :mod:`tfmjax.parallel.rules` for the rule sets and :mod:`tfmjax.parallel.pla
 how a run's state, batches and compiled steps are laid out.
 """
 
-from tfmjax.parallel.mesh import check_fits, make_mesh, mesh_shape
+from tfmjax.parallel.mesh import check_fits, make_mesh, mesh_shape, mesh_text
 from tfmjax.parallel.placement import Placement, with_shardings
 from tfmjax.parallel.rules import RULE_SETS, rules_for
 
@@ -14,6 +14,7 @@ __all__ = [
     "check_fits",
     "make_mesh",
     "mesh_shape",
+    "mesh_text",
     "rules_for",
     "with_shardings",
 ]

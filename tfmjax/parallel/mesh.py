@@ -16,16 +16,21 @@ from jax.sharding import AxisType, Mesh
 from tfmjax.config import MESH_AXES, ConfigError, Experiment, MeshConfig
 
 
+def mesh_text(shape) -> str:
+    """``data=2 x fsdp=2 x tensor=2`` for a mesh's (or config's) axis sizes."""
+    return " x ".join(f"{axis}={size}" for axis, size in dict(shape).items())
+
+
 def mesh_shape(cfg: MeshConfig, num_devices: int) -> dict[str, int]:
     """``{"data": d, "fsdp": f, "tensor": t}`` with a ``-1`` filled in; ConfigError (one
     line) if the sizes do not divide ``num_devices``."""
     sizes = {axis: getattr(cfg, axis) for axis in MESH_AXES}
     fixed = math.prod(size for size in sizes.values() if size != -1)
-    text = " x ".join(f"{axis}={size}" for axis, size in sizes.items())
     if num_devices % fixed:
         raise ConfigError(
-            f"mesh {text} needs a multiple of {fixed} devices, and there are {num_devices}; "
-            f"choose sizes whose product divides {num_devices}, or set one of them to -1"
+            f"mesh {mesh_text(sizes)} needs a multiple of {fixed} devices, and there are "
+            f"{num_devices}; choose sizes whose product divides {num_devices}, or set one "
+            "of them to -1"
         )
     return {axis: num_devices // fixed if size == -1 else size for axis, size in sizes.items()}
 
@@ -33,20 +38,19 @@ def mesh_shape(cfg: MeshConfig, num_devices: int) -> dict[str, int]:
 def check_fits(experiment: Experiment, shape: dict[str, int]) -> None:
     """ConfigError (one line) if the batch or the model does not split over ``shape``."""
     m, d, o = experiment.model, experiment.data, experiment.optim
-    text = " x ".join(f"{axis}={size}" for axis, size in shape.items())
-    tensor = shape["tensor"]
+    tensor, replicated = shape["tensor"], experiment.mesh.rules == "replicated"
     for field, size in (("num_heads", m.num_heads), ("d_ff", m.d_ff)):
-        if size % tensor:
+        if size % tensor and not replicated:  # replicated rules split no model axis
             raise ConfigError(
                 f"mesh.tensor={tensor} does not divide model.{field}={size}: tensor "
                 f"parallelism splits it evenly; pick a tensor size that divides {size}"
             )
-    ways = shape["data"] * shape["fsdp"] * (tensor if experiment.mesh.rules == "replicated" else 1)
+    ways = shape["data"] * shape["fsdp"] * (tensor if replicated else 1)
     rows = d.batch_size // o.grad_accum_steps
     if rows % ways:
         raise ConfigError(
             f"data.batch_size={d.batch_size} (micro-batches of {rows} rows) does not split over "
-            f"the {ways} batch shards of mesh {text}; use a multiple of {ways} rows"
+            f"the {ways} batch shards of mesh {mesh_text(shape)}; use a multiple of {ways} rows"
         )
 
 

@@ -37,7 +37,7 @@ from tfmjax.data.sources import is_text, open_source
 from tfmjax.models import FAMILIES, build
 from tfmjax.models.checks import InputError
 from tfmjax.models.summary import summarize
-from tfmjax.parallel import Placement
+from tfmjax.parallel import Placement, mesh_text
 from tfmjax.text_evaluator import make_evaluator
 from tfmjax.train.metrics_log import Console, MetricsLog
 from tfmjax.train.optimizer import make_optimizer
@@ -481,7 +481,7 @@ def _header(run: Run, params, start: int, console: Console) -> None:
         f"{count_params(params):,} parameters, batch {exp.data.batch_size}, "
         f"{exp.train.steps} steps; workdir {exp.workdir}"
     )
-    mesh = " x ".join(f"{axis}={size}" for axis, size in run.placement.mesh.shape.items())
+    mesh = mesh_text(run.placement.mesh.shape)
     used, available = run.placement.mesh.size, jax.device_count()
     hint = "" if used == available else "; mesh.data=-1 (or fsdp, tensor) uses them all"
     console.print(f"mesh {mesh}: {used} of {available} {jax.default_backend()} devices{hint}")
@@ -496,7 +496,7 @@ def _restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
     target = abstract_state(run.model, run.tx, sample, exp.train.seed, run.state_shardings)
     latest = ckpt.latest_step()
     if latest is None:
-        state = create_state(run.model, run.tx, sample, exp.train.seed, run.placement)
+        state = create_state(run.model, run.tx, sample, exp.train.seed, run.state_shardings)
         if exp.train.init_from:
             state, _ = with_params_from(state, exp.train.init_from, run.tx)
             state = jax.device_put(state, run.state_shardings)

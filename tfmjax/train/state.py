@@ -57,19 +57,15 @@ def init_keys(seed: int) -> tuple[jax.Array, jax.Array]:
 
 
 def create_state(
-    model, tx: optax.GradientTransformation, sample_batch: dict, seed: int, placement=None
+    model, tx: optax.GradientTransformation, sample_batch: dict, seed: int, shardings=None
 ) -> TrainState:
     """A fresh state: ``model.init`` on ``sample_batch``, ``tx.init``, step 0, empty window.
 
-    Jitted: one compile is far cheaper than running the init op by op. With a
-    :class:`~tfmjax.parallel.Placement`, every array is created directly with its sharding.
+    Jitted: one compile is far cheaper than running the init op by op. With ``shardings``
+    (a tree like the state, :func:`state_shardings`), every array is created directly with
+    its sharding.
     """
     create = functools.partial(_create, model, tx, seed=seed)
-    if placement is None:
-        return jax.jit(create)(sample_batch)
-    # Traced outside the rules: a DenseGeneral kernel is initialised flat before its reshape,
-    # and Flax would constrain the flat array by the reshaped array's names.
-    shardings = state_shardings(model, tx, sample_batch, seed, placement)
     return jax.jit(create, out_shardings=shardings)(sample_batch)
 
 
