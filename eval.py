@@ -7,6 +7,9 @@ table and writes ``eval/step_N.json`` into the workdir (and ``eval.json``, the r
 newest step evaluated). Exit 2 (one line on stderr) for a missing or
 incompatible checkpoint. Ctrl-C / SIGTERM: one line, exit 130 / 143 (no report is ever
 half-written).
+Many processes: the same flags as ``train.py`` (``--coordinator``, ``--num-processes``,
+``--process-id``); each process evaluates on its own first device and process 0 alone
+prints and writes the report.
 """
 
 import argparse
@@ -66,7 +69,8 @@ def main(argv=None) -> int:
 
 
 def _main(argv, interrupts: _Interrupts) -> int:
-    from tfmjax.decode.options import add_decode_arguments, strategy_from_args
+    from tfmjax.decode.options import add_decode_arguments
+    from tfmjax.parallel import processes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a workdir (runs/NAME), its checkpoints/ dir or one step dir")
@@ -83,6 +87,7 @@ def _main(argv, interrupts: _Interrupts) -> int:
         "the newest step evaluated)",
     )
     add_decode_arguments(parser)
+    processes.add_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("num_examples", "batch_size"):
         value = getattr(args, name)
@@ -90,9 +95,24 @@ def _main(argv, interrupts: _Interrupts) -> int:
             print(f"error: --{name.replace('_', '-')}={value} must be >= 1", file=sys.stderr)
             return 2
 
+    from tfmjax.config import ConfigError
+
+    try:
+        watch = processes.join(args)  # before JAX touches a device
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    code = _evaluate(args, interrupts)
+    processes.end(watch, code)
+    return code
+
+
+def _evaluate(args, interrupts: _Interrupts) -> int:
     from tfmjax.checkpoint import CheckpointError
     from tfmjax.config import ConfigError
+    from tfmjax.decode.options import strategy_from_args
     from tfmjax.evaluate import evaluate_checkpoint, format_report, write_report
+    from tfmjax.parallel.processes import is_main, tag
 
     try:
         strategy = strategy_from_args(args)
@@ -106,8 +126,10 @@ def _main(argv, interrupts: _Interrupts) -> int:
             decode_seed=args.seed,
         )
     except (CheckpointError, ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"{tag()}error: {err}", file=sys.stderr)
         return 2
+    if not is_main():
+        return 0  # process 0 writes and prints the report
     written = interrupts.held(write_report, report, args.out)
     print(format_report(report))
     print(f"wrote {', '.join(map(str, written))}")

@@ -7,6 +7,9 @@ SIGTERM / Ctrl-C, at any moment: once a step has run, the current step finishes,
 and the exit is 0; before that, nothing is saved and the exit is 130 (SIGINT) or 143
 (SIGTERM). A second Ctrl-C exits 130 at once (an unfinished checkpoint is discarded).
 Exit 2: bad config or checkpoint; exit 1: non-finite loss (nothing saved after it).
+Many processes (one per host, or several on one machine): run the same command in each,
+with ``--coordinator HOST:PORT --num-processes N --process-id I``; only process 0 prints,
+logs and plots; exit 3: a peer process was lost (rerun them all to resume).
 """
 
 import argparse
@@ -63,10 +66,26 @@ def _main(argv, first: _FirstSignals) -> int:
         help="resume even though the config differs from the checkpoint's in more than the "
         "resumable keys (train.steps, intervals, ...); the new config is recorded",
     )
-    args = parser.parse_intermixed_args(argv)
+    from tfmjax.parallel import processes
 
+    processes.add_arguments(parser)
+    args = parser.parse_intermixed_args(argv)
+    from tfmjax.config import ConfigError
+
+    try:
+        watch = processes.join(args)  # before JAX touches a device
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    code = _train(args, first)
+    processes.end(watch, code)
+    return code
+
+
+def _train(args, first: _FirstSignals) -> int:
     from tfmjax.checkpoint import CheckpointError
     from tfmjax.config import ConfigError, load
+    from tfmjax.parallel.processes import is_main, tag
     from tfmjax.train.loop import Interrupted, NonFiniteLossError, StopSignals, train
 
     # train() shares it: a signal from here on reaches the loop; a second Ctrl-C exits 130
@@ -79,19 +98,19 @@ def _main(argv, first: _FirstSignals) -> int:
             progress = {"auto": None, "bar": True, "lines": False}[args.progress]
             result = train(experiment, progress=progress, override_config=args.override_config)
         except Interrupted as err:
-            print(err, file=sys.stderr)
+            print(f"{tag()}{err}", file=sys.stderr)
             return err.exit_code
         except (ConfigError, CheckpointError) as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"{tag()}error: {err}", file=sys.stderr)
             return 2
         except NonFiniteLossError as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"{tag()}error: {err}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # not expected (the handlers above never raise it)
             print("interrupted", file=sys.stderr)
             return 130
-    if result["stopped"]:
-        return 0  # the loop printed what it saved
+    if result["stopped"] or not is_main():
+        return 0  # the loop printed what it saved; only process 0 prints
     ev = result["eval"] or {}
     summary = f"step {result['step']}"
     if ev:

@@ -27,6 +27,7 @@ from tfmjax.decode import Greedy, generate
 from tfmjax.decode.api import checked_prompts
 from tfmjax.losses import cross_entropy, token_accuracy
 from tfmjax.models import build
+from tfmjax.parallel.processes import to_host
 
 EVAL_SEED = 0  # the eval stream is the same for every run (train.seed changes only training)
 NUM_ROWS = 5  # example rows kept for reports
@@ -122,7 +123,7 @@ class Evaluator:
         left, rows = self.num_examples, []
         for i, (batch, prompts) in enumerate(zip(self.batches, self.prompts, strict=True)):
             n = min(left, len(prompts))
-            per_row = jax.device_get(self._row_sums(params, batch))
+            per_row = to_host(self._row_sums(params, batch))
             predictions = self.predict(params, prompts, jax.random.fold_in(self.decode_key, i))
             targets, mask = self.answers[i]
             exact = np.all((predictions == targets) | ~mask, axis=1)
@@ -140,7 +141,7 @@ class Evaluator:
         """Decoded answers ``[B,M]`` (tokens, EOS, then PAD) for ``prompts`` from
         ``model.eval_prompts``."""
         out = generate(self.model, params, prompts, self.strategy, self.max_new_tokens, rng=rng)
-        return np.asarray(out.tokens)
+        return to_host(out.tokens)
 
     def _metrics(self, sums: dict, seconds: float) -> dict:
         tokens = max(sums["tokens"], 1.0)

@@ -31,6 +31,7 @@ from tfmjax.data.vocab import MASK_ID, RESERVED_TOKENS
 from tfmjax.decode import TopK, generate
 from tfmjax.evaluator import EVAL_SEED, NUM_ROWS, Evaluator, row_sums
 from tfmjax.models import build
+from tfmjax.parallel.processes import to_host
 
 PROMPT_TOKENS = 16  # tokens of a validation window that a sample continues
 
@@ -91,7 +92,7 @@ class TextEvaluator:
         left = self.num_examples
         for batch in self.batches:
             n = min(left, batch["tokens"].shape[0])
-            per_row = jax.device_get(self._row_sums(params, batch))
+            per_row = to_host(self._row_sums(params, batch))
             for key in ("nll", "tokens", "correct"):
                 sums[key] += float(np.sum(per_row[key][:n], dtype=np.float64))
             targets, mask = (np.asarray(a)[:n] for a in self.model.targets_and_mask(batch))
@@ -107,7 +108,7 @@ class TextEvaluator:
         if self.model.batch_format == "masked_lm":
             batch = self.batches[0]
             logits = self.model.apply(params, {"tokens": batch["tokens"][:num_rows]})
-            guess = np.asarray(jax.device_get(logits.argmax(-1)))
+            guess = np.asarray(to_host(logits.argmax(-1)))
             tokens = np.asarray(batch["tokens"][:num_rows])
             filled = np.where(tokens == MASK_ID, guess, tokens)
             return [
@@ -131,7 +132,7 @@ class TextEvaluator:
         )
         return [
             {"prompt": decode(tok, prompt), "continuation": decode(tok, row)}
-            for prompt, row in zip(self.prompts, jax.device_get(out.tokens), strict=True)
+            for prompt, row in zip(self.prompts, to_host(out.tokens), strict=True)
         ]
 
     def _metrics(self, sums: dict, seconds: float) -> dict:

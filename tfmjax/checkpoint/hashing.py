@@ -9,6 +9,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from tfmjax.parallel.processes import to_host
+
 
 def _key_name(key: Any) -> str:
     """One path entry as text: DictKey, GetAttrKey, SequenceKey or FlattenedIndexKey."""
@@ -48,7 +50,7 @@ def state_hashes(tree: Any, sub: str | None) -> tuple[str, str | None]:
             entries.append((path, str(dtype), jax.random.key_data(leaf)))
         else:
             entries.append((path, None, leaf))
-    hosts = jax.device_get([leaf for _, _, leaf in entries])  # one batched copy
+    hosts = to_host([leaf for _, _, leaf in entries])  # one batched copy (gathered if split)
     full, part = hashlib.sha256(), hashlib.sha256()
     for (path, dtype, _), host in zip(entries, hosts, strict=True):
         array = np.ascontiguousarray(np.asarray(host))

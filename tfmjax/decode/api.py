@@ -19,6 +19,7 @@ from tfmjax.decode.beam import beam_search
 from tfmjax.decode.loop import GenerateOutput, sample_loop
 from tfmjax.decode.strategies import STRATEGIES, BeamSearch, Greedy, TopK
 from tfmjax.models.prompts import as_right_padded, prompt_lengths
+from tfmjax.parallel.processes import to_host
 
 
 def check_model(model):
@@ -115,7 +116,7 @@ def _by_length(model, params, arr, lengths, key, eos, run) -> GenerateOutput:
     for i, n in enumerate(sorted(set(lengths.tolist()))):
         rows = np.flatnonzero(lengths == n)
         arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr[rows, :n]))
-        parts.append((rows, jax.device_get(run(params, arrays, jax.random.fold_in(key, i), eos))))
+        parts.append((rows, to_host(run(params, arrays, jax.random.fold_in(key, i), eos))))
     out = []
     for field in GenerateOutput._fields:
         first = getattr(parts[0][1], field)

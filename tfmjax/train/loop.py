@@ -9,6 +9,10 @@ Exact resume: batch ``s`` is ``make_batch(seed, step=s)`` and its dropout key is
 cut back to the resumed step. So a run stopped anywhere and resumed ends with the same
 params (bit for bit) and the same records (apart from their ``timing``) as a straight run.
 
+Many processes (:mod:`tfmjax.parallel.processes`): every process runs this loop on its part
+of the mesh; process 0 alone prints, writes ``metrics.jsonl`` and plots; every process takes
+part in checkpoint saves; a signal to any process stops all of them after the same step.
+
 SIGTERM / Ctrl-C (:class:`StopSignals`): the current step finishes, the state is saved, the
 save is waited for, and ``train`` returns with ``stopped=True``; a signal that came before
 the first step (while building or restoring; ``train.py`` catches them from its start)
@@ -38,8 +42,9 @@ from tfmjax.models import FAMILIES, build
 from tfmjax.models.checks import InputError
 from tfmjax.models.summary import summarize
 from tfmjax.parallel import Placement, mesh_text
+from tfmjax.parallel.processes import any_process, is_main
 from tfmjax.text_evaluator import make_evaluator
-from tfmjax.train.metrics_log import Console, MetricsLog
+from tfmjax.train.metrics_log import Console, MetricsLog, NullLog
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.resume import check_resume
 from tfmjax.train.schedules import make_schedule
@@ -324,6 +329,14 @@ def _watch(read: int) -> None:
                 _exit_now()
 
 
+def _agreed_stop(stop: StopSignals) -> str | None:
+    """The signal any process got (all processes stop after the same step), or None."""
+    if jax.process_count() == 1:
+        return stop.requested
+    number = any_process(signal.Signals[stop.requested].value if stop.requested else 0)
+    return signal.Signals(number).name if number else None
+
+
 def _check_finite(state, last_saved: int | None) -> None:
     nonfinite, first = jax.device_get((state.window["nonfinite"], state.window["first_nonfinite"]))
     if nonfinite:
@@ -387,7 +400,7 @@ class _Loop:
         self.log.write(record)
         self.console.record(record)
         self.window = _Window()
-        return reset_window(state)
+        return reset_window(state, self.run.state_shardings.window)
 
     def evaluate(self, state, step: int) -> None:
         with self.run.placement.context():  # batch over data, heads over tensor
@@ -426,8 +439,9 @@ class _Loop:
         return state
 
     def run_steps(self, state, start: int, stop: StopSignals):
-        if stop.requested:  # came while building, restoring or initializing: nothing to save
-            raise Interrupted(stop.requested, start)
+        requested = _agreed_stop(stop)
+        if requested:  # came while building, restoring or initializing: nothing to save
+            raise Interrupted(requested, start)
         t = self.run.experiment.train
         if start >= t.steps:
             self.console.print(
@@ -450,12 +464,12 @@ class _Loop:
             if self.on_step is not None:
                 self.on_step(done)
             state = self.at_step_end(state, done)
-            if stop.requested:
+            requested = _agreed_stop(stop)
+            if requested:
                 if self.last_saved != done:
                     self.save(state, done, None)
                 self.console.print(
-                    f"{stop.requested}: saved step {done}; stopping; "
-                    "rerun the same command to resume"
+                    f"{requested}: saved step {done}; stopping; rerun the same command to resume"
                 )
                 return state, done, True
         return state, t.steps, False
@@ -537,9 +551,16 @@ def train(
     with contextlib.ExitStack() as stack:
         stack.callback(ckpt.close)
         state, start, applied = _restore(run, ckpt, run.batch(0), override_config)
-        log = MetricsLog(workdir, resume_step=start, tensorboard=t.tensorboard)
+        main = is_main()  # process 0 alone prints and writes metrics
+        log = NullLog()
+        if main:
+            log = MetricsLog(workdir, resume_step=start, tensorboard=t.tensorboard)
         stack.callback(log.close)
-        console = Console(total=t.steps, initial=start, stream=stream, progress=progress)
+        if not main:
+            stream = stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
+        console = Console(
+            total=t.steps, initial=start, stream=stream, progress=progress if main else False
+        )
         stack.callback(console.close)
         _header(run, state.params, start, console)
         if applied:
@@ -549,7 +570,7 @@ def train(
         with StopSignals() as stop:
             state, step, stopped = loop.run_steps(state, start, stop)
             ckpt.wait()
-    if plot:
+    if plot and is_main():
         from tfmjax.train.plots import plot_metrics
 
         plot_metrics(workdir)

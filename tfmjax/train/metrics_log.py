@@ -118,6 +118,16 @@ def format_sample(sample: dict, width: int = 300) -> str:
     return "\n".join("  | " + line for line in text.split("\n"))
 
 
+class NullLog:
+    """What the processes other than process 0 log to: nothing (one writer per workdir)."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Console:
     """A tqdm bar with live loss and accuracy on a TTY; plain lines at log steps otherwise."""
 

@@ -96,9 +96,13 @@ def abstract_state(
     return abstract if shardings is None else with_shardings(abstract, shardings)
 
 
-def reset_window(state: TrainState) -> TrainState:
-    """``state`` with an empty log window (after the loop has logged the current one)."""
-    return state.replace(window=empty_window())
+def reset_window(state: TrainState, shardings=None) -> TrainState:
+    """``state`` with an empty log window (after the loop has logged the current one), laid
+    out as ``shardings`` (a window of shardings; needed when the mesh spans processes)."""
+    window = empty_window()
+    if shardings is not None:
+        window = jax.device_put(jax.device_get(window), shardings)
+    return state.replace(window=window)
 
 
 def count_params(params: Any) -> int:

@@ -1,0 +1,160 @@
+"""Two processes x 4 CPU devices on localhost, joined through ``jax.distributed``, train like
+one process with 8 devices; they save and resume; a lost peer ends the other in bounded time.
+
+Each process is ``python train.py`` in a subprocess (a free port, bounded timeouts); the
+one-process reference trains in this process, whose 8 simulated devices come from conftest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from tfmjax.checkpoint import load_for_inference
+from tfmjax.config import load
+from tfmjax.parallel.processes import LOST_PEER_EXIT
+from tfmjax.train import train
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = "configs/reverse_decoder.toml"
+# Small and quick to compile; every split axis divides by 2; the constant schedule does not
+# depend on train.steps, so 4 steps resumed to 6 equal 6 straight steps.
+OVERRIDES = [
+    "model.d_model=32",
+    "model.num_heads=4",
+    "model.d_ff=64",
+    "model.num_layers=1",
+    "model.max_len=32",
+    "data.batch_size=16",
+    "data.eval_examples=16",
+    "optim.schedule=constant",
+    "optim.warmup_steps=1",
+    "train.log_every=1",
+    "train.eval_every=100",
+    "train.checkpoint_every=2",
+    "mesh.data=2",
+    "mesh.fsdp=2",
+    "mesh.tensor=2",
+]
+PEER_TIMEOUT = 5
+RUN_TIMEOUT = 240  # seconds for a whole two-process run (start-up and compiles included)
+
+pytestmark = pytest.mark.xdist_group("processes")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def start(workdir: Path, steps: int, port: int) -> list[subprocess.Popen]:
+    """Processes 0 and 1 of one run, 4 CPU devices each; output goes to workdir/pI.log."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_NUM_CPU_DEVICES"] = "4"
+    workdir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for index in range(2):
+        cmd = [
+            sys.executable,
+            "train.py",
+            CONFIG,
+            *OVERRIDES,
+            f"train.steps={steps}",
+            f"train.workdir={workdir}",
+            "--progress=lines",
+            f"--coordinator=localhost:{port}",
+            "--num-processes=2",
+            f"--process-id={index}",
+            f"--peer-timeout={PEER_TIMEOUT}",
+        ]
+        log = (workdir.parent / f"{workdir.name}.p{index}.log").open("w")
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def output(workdir: Path, index: int) -> str:
+    return (workdir.parent / f"{workdir.name}.p{index}.log").read_text()
+
+
+def finish(procs, workdir: Path) -> None:
+    try:
+        codes = [p.wait(timeout=RUN_TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0, 0], output(workdir, 0)[-3000:] + output(workdir, 1)[-3000:]
+
+
+def train_records(workdir: Path) -> dict[int, float]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
+
+
+def test_two_processes_train_like_one_and_resume(tmp_path):
+    reference = tmp_path / "one"
+    train(load(CONFIG, [*OVERRIDES, "train.steps=6", f"train.workdir={reference}"]), plot=False)
+    want = train_records(reference)
+
+    both = tmp_path / "two"
+    finish(start(both, 4, free_port()), both)
+    first = output(both, 0)
+    assert "mesh data=2 x fsdp=2 x tensor=2: 8 of 8 cpu devices" in first
+    assert "experiment" not in output(both, 1)  # only process 0 prints
+    finish(start(both, 6, free_port()), both)  # resumes from the step-4 checkpoint
+    assert "resumed from checkpoint step 4" in output(both, 0)
+
+    got = train_records(both)
+    assert sorted(got) == sorted(want) == list(range(1, 7))
+    np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-5)
+    _, got_params, step = load_for_inference(both)
+    _, want_params, _ = load_for_inference(reference)
+    assert step == 6
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(got_params), jax.tree.leaves(want_params), strict=True
+    ):
+        # key/bias: its gradient is zero up to rounding (see test_mesh), so within steps x lr.
+        atol = 6 * 3e-3 if "key" in jax.tree_util.keystr(path) else 1e-6
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("lost", [1, 0], ids=["worker_lost", "coordinator_lost"])
+def test_a_lost_process_ends_the_other_within_the_bound(tmp_path, lost):
+    """Kill one process mid-run: the other exits non-zero within the peer timeout (plus
+    slack), with our line when it can still speak (a lost worker) and JAX's own when the
+    coordinator, which hosts JAX's runtime, is the one lost."""
+    workdir = tmp_path / "run"
+    procs = start(workdir, 100_000, free_port())
+    survivor = procs[1 - lost]
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while "train step" not in output(workdir, 0):  # both are past the first step
+            assert time.monotonic() < deadline, output(workdir, 0)[-3000:]
+            assert all(p.poll() is None for p in procs), output(workdir, 0)[-3000:]
+            time.sleep(0.5)
+        procs[lost].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        code = survivor.wait(timeout=PEER_TIMEOUT + 30)
+        took = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert code != 0
+    assert took < PEER_TIMEOUT + 30
+    if lost == 1:
+        assert code == LOST_PEER_EXIT
+        assert f"lost process 1: no heartbeat for {PEER_TIMEOUT} s" in output(workdir, 0)
+    else:
+        assert "another task died" in output(workdir, 1)
