@@ -97,6 +97,15 @@ def finish(procs, workdir: Path) -> None:
     assert codes == [0, 0], output(workdir, 0)[-3000:] + output(workdir, 1)[-3000:]
 
 
+def past_first_step(procs, workdir: Path) -> None:
+    """Wait until process 0 has logged a step (so both are training), within the bound."""
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while "train step" not in output(workdir, 0):
+        assert time.monotonic() < deadline, output(workdir, 0)[-3000:]
+        assert all(p.poll() is None for p in procs), output(workdir, 0)[-3000:]
+        time.sleep(0.5)
+
+
 def train_records(workdir: Path) -> dict[int, float]:
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
@@ -138,11 +147,7 @@ def test_a_lost_process_ends_the_other_within_the_bound(tmp_path, lost):
     procs = start(workdir, 100_000, free_port())
     survivor = procs[1 - lost]
     try:
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while "train step" not in output(workdir, 0):  # both are past the first step
-            assert time.monotonic() < deadline, output(workdir, 0)[-3000:]
-            assert all(p.poll() is None for p in procs), output(workdir, 0)[-3000:]
-            time.sleep(0.5)
+        past_first_step(procs, workdir)
         procs[lost].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         code = survivor.wait(timeout=PEER_TIMEOUT + 30)
@@ -158,3 +163,69 @@ def test_a_lost_process_ends_the_other_within_the_bound(tmp_path, lost):
         assert f"lost process 1: no heartbeat for {PEER_TIMEOUT} s" in output(workdir, 0)
     else:
         assert "another task died" in output(workdir, 1)
+
+
+def test_sigterm_to_one_process_stops_both_after_the_same_step_saved(tmp_path):
+    workdir = tmp_path / "run"
+    procs = start(workdir, 100_000, free_port())
+    try:
+        past_first_step(procs, workdir)
+        procs[1].send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0, 0], output(workdir, 0)[-3000:] + output(workdir, 1)[-3000:]
+    said = [line for line in output(workdir, 0).splitlines() if line.startswith("SIGTERM: saved")]
+    assert len(said) == 1, output(workdir, 0)[-3000:]
+    step = int(said[0].split("saved step ")[1].split(";")[0])
+    _, _, loaded = load_for_inference(workdir)
+    assert loaded == step
+
+
+def _args(*argv):
+    import argparse
+
+    from tfmjax.parallel import processes
+
+    parser = argparse.ArgumentParser()
+    processes.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["--num-processes=2", "--process-id=2"], {}, "--process-id=2 must be in 0..1"),
+        (["--num-processes=0"], {}, "--num-processes=0 must be >= 1"),
+        (["--coordinator=h:1", "--peer-timeout=0"], {}, "--peer-timeout=0 must be > 0"),
+        ([], {"JAX_NUM_PROCESSES": "two"}, "JAX_NUM_PROCESSES='two' is not an integer"),
+    ],
+)
+def test_bad_process_flags_are_one_line_config_errors(monkeypatch, argv, env, message):
+    from tfmjax.config import ConfigError
+    from tfmjax.parallel import processes
+
+    for name in processes.ENV.values():
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")) as err:
+        processes.join(_args(*argv))
+    assert "\n" not in str(err.value)
+
+
+def test_one_process_without_flags_and_host_copies(monkeypatch):
+    from tfmjax.parallel import processes
+
+    for name in processes.ENV.values():
+        monkeypatch.delenv(name, raising=False)
+    assert processes.join(_args()) is None
+    assert processes.is_main() and processes.tag() == ""
+    assert processes.any_process(7) == 7
+    tree = {"a": jax.numpy.arange(6).reshape(2, 3), "b": [np.float32(1.5)]}
+    host = processes.to_host(tree)
+    assert isinstance(host["a"], np.ndarray)
+    np.testing.assert_array_equal(host["a"], np.arange(6).reshape(2, 3))
+    processes.end(None, 0)  # one process: nothing to tell, no exit

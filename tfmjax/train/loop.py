@@ -42,7 +42,7 @@ from tfmjax.models import FAMILIES, build
 from tfmjax.models.checks import InputError
 from tfmjax.models.summary import summarize
 from tfmjax.parallel import Placement, mesh_text
-from tfmjax.parallel.processes import any_process, is_main
+from tfmjax.parallel.processes import any_process, is_main, to_host
 from tfmjax.text_evaluator import make_evaluator
 from tfmjax.train.metrics_log import Console, MetricsLog, NullLog
 from tfmjax.train.optimizer import make_optimizer
@@ -513,7 +513,8 @@ def _restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
         state = create_state(run.model, run.tx, sample, exp.train.seed, run.state_shardings)
         if exp.train.init_from:
             state, _ = with_params_from(state, exp.train.init_from, run.tx)
-            state = jax.device_put(state, run.state_shardings)
+            # via the host: the loaded params sit on one device, the mesh may span processes
+            state = jax.device_put(to_host(state), run.state_shardings)
         return state, 0, []
     saved = load_config(ckpt.directory)
     applied = check_resume(saved, exp, latest, override=override)
