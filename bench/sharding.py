@@ -86,7 +86,7 @@ def step_time(mesh) -> float:
     )
     run = build_run(exp)
     state = create_state(run.model, run.tx, run.batch(0), 0, run.state_shardings)
-    batch = run.device_batch(run.batch(0))
+    batch = run.device_batch(0)
     state, _ = run.train_step(state, batch)
     jax.block_until_ready(state)
     begin = time.perf_counter()

@@ -177,3 +177,16 @@ def test_large_addition_batches_hold_correct_sums():
             assert task.vocab.decode(answer).replace(" ", "") == str(int(a) + int(b))
         seen.add(batch["tokens"].tobytes())
     assert len(seen) == 20
+
+
+@pytest.mark.parametrize("batch_format", ["seq2seq", "prompt_answer"])
+def test_rows_of_a_batch_equal_the_whole_batchs_rows(batch_format):
+    """A process builds only its rows of a global batch; they are the whole batch's."""
+    task = make_task("addition")
+    args = dict(batch_format=batch_format, batch_size=8, seed=3, step=5)
+    whole = make_batch(task, **args)
+    for rows in (slice(0, 4), slice(4, 8), slice(2, 6)):
+        part = make_batch(task, **args, rows=rows)
+        assert part.keys() == whole.keys()
+        for key in whole:
+            np.testing.assert_array_equal(part[key], whole[key][rows], err_msg=key)

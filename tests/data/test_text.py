@@ -208,3 +208,15 @@ def test_text_params_are_checked():
         open_source("shakespeare", {"mask_rate": 1.5})
     with pytest.raises(ValueError, match="did you mean 'shakespeare'"):
         open_source("shakespear", {})
+
+
+@pytest.mark.parametrize("batch_format", ["prompt_answer", "masked_lm"])
+def test_rows_of_a_batch_equal_the_whole_batchs_rows(char_source, batch_format):
+    """A process builds only its rows of a global batch; they are the whole batch's."""
+    args = dict(batch_format=batch_format, batch_size=8, seed=3, step=5)
+    whole = char_source.batch(**args)
+    for rows in (slice(0, 4), slice(4, 8), slice(2, 6)):
+        part = char_source.batch(**args, rows=rows)
+        assert part.keys() == whole.keys()
+        for key in whole:
+            np.testing.assert_array_equal(part[key], whole[key][rows], err_msg=key)

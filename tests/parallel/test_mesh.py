@@ -48,7 +48,7 @@ def experiment(family: str, mesh=(1, 1, 1), extra=()):
 def train_steps(run, state, start: int, stop: int):
     losses = []
     for step in range(start, stop):
-        state, metrics = run.train_step(state, run.device_batch(run.batch(step)))
+        state, metrics = run.train_step(state, run.device_batch(step))
         losses.append(float(metrics["loss"]))
     return state, losses
 

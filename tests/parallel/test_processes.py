@@ -46,7 +46,7 @@ OVERRIDES = [
     "mesh.fsdp=2",
     "mesh.tensor=2",
 ]
-PEER_TIMEOUT = 5
+PEER_TIMEOUT = 10  # generous: a loaded 2-core machine can starve a process for seconds
 RUN_TIMEOUT = 240  # seconds for a whole two-process run (start-up and compiles included)
 
 pytestmark = pytest.mark.xdist_group("processes")
@@ -156,13 +156,13 @@ def test_a_lost_process_ends_the_other_within_the_bound(tmp_path, lost):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert code != 0
-    assert took < PEER_TIMEOUT + 30
+    said = output(workdir, 1 - lost)
+    assert code != 0 and took < PEER_TIMEOUT + 30, (code, took, said[-3000:])
     if lost == 1:
-        assert code == LOST_PEER_EXIT
-        assert f"lost process 1: no heartbeat for {PEER_TIMEOUT} s" in output(workdir, 0)
+        assert code == LOST_PEER_EXIT, said[-3000:]
+        assert f"lost process 1: no heartbeat for {PEER_TIMEOUT} s" in said
     else:
-        assert "another task died" in output(workdir, 1)
+        assert "another task died" in said
 
 
 def test_sigterm_to_one_process_stops_both_after_the_same_step_saved(tmp_path):

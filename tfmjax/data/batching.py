@@ -83,9 +83,19 @@ def collate(
 
 
 def make_batch(
-    task: Task, *, batch_format: str, batch_size: int, seed: int, step: int, split: str = "train"
+    task: Task,
+    *,
+    batch_format: str,
+    batch_size: int,
+    seed: int,
+    step: int,
+    split: str = "train",
+    rows: slice | None = None,
 ) -> Batch:
-    """Batch number `step` of the stream `seed`: same args -> identical arrays, no global state."""
+    """Batch number `step` of the stream `seed`: same args -> identical arrays, no global state.
+
+    `rows`: only those rows of it (a process's share of a global batch); every example is
+    still drawn, in order, so the rows are the whole batch's, but only they are collated."""
     _check_format(batch_format)
     task.check_split(split)
     _check_int_arg("batch_size", batch_size, 1)
@@ -93,6 +103,8 @@ def make_batch(
     _check_int_arg("step", step, 0)
     rng = np.random.default_rng([int(seed), int(step), _SPLIT_CODES[split]])
     examples = [task.sample(rng, split) for _ in range(batch_size)]
+    if rows is not None:
+        examples = examples[rows]
     return collate(task, examples, batch_format=batch_format, split=split)
 
 

@@ -33,7 +33,9 @@ class ToySource:
     def check_split(self, split: str) -> None:
         self.task.check_split(split)
 
-    def batch(self, *, batch_format: str, batch_size: int, seed: int, step: int, split="train"):
+    def batch(
+        self, *, batch_format: str, batch_size: int, seed: int, step: int, split="train", rows=None
+    ):
         return make_batch(
             self.task,
             batch_format=batch_format,
@@ -41,6 +43,7 @@ class ToySource:
             seed=seed,
             step=step,
             split=split,
+            rows=rows,
         )
 
     def assets(self) -> dict:

@@ -204,31 +204,45 @@ class TextSource:
                 "split exists for toy tasks only)"
             )
 
-    def windows(self, *, batch_size: int, seed: int, step: int, split: str) -> np.ndarray:
-        """``[B, context]`` int32 windows at random offsets: a pure function of the arguments."""
+    def windows(
+        self, *, batch_size: int, seed: int, step: int, split: str, rows: slice | None = None
+    ) -> np.ndarray:
+        """``[B, context]`` int32 windows at random offsets: a pure function of the arguments
+        (``rows``: only those rows, cut from the same offsets)."""
         self.check_split(split)
         ids, T = self.ids[split], self.params.context
         rng = np.random.default_rng([int(seed), int(step), _SPLIT_CODES[split]])
         starts = rng.integers(0, len(ids) - T + 1, size=batch_size)
+        if rows is not None:
+            starts = starts[rows]
         return ids[starts[:, None] + np.arange(T)[None, :]].astype(np.int32)
 
     def batch(
-        self, *, batch_format: str, batch_size: int, seed: int, step: int, split: str = "train"
+        self,
+        *,
+        batch_format: str,
+        batch_size: int,
+        seed: int,
+        step: int,
+        split: str = "train",
+        rows: slice | None = None,
     ) -> dict[str, np.ndarray]:
-        """Batch ``step`` of stream ``seed`` in ``batch_format`` (see the module docstring)."""
+        """Batch ``step`` of stream ``seed`` in ``batch_format`` (see the module docstring);
+        ``rows``: only those rows of it (a process's share), equal to the whole batch's."""
         if batch_format not in TEXT_FORMATS:
             raise ValueError(
                 f"a text task serves {', '.join(TEXT_FORMATS)} batches, not {batch_format!r}"
             )
-        tokens = self.windows(batch_size=batch_size, seed=seed, step=step, split=split)
+        tokens = self.windows(batch_size=batch_size, seed=seed, step=step, split=split, rows=rows)
         if batch_format == "prompt_answer":
             return {
                 "tokens": tokens,
                 "loss_mask": np.ones(tokens.shape, np.float32),
-                "prompt_len": np.zeros((batch_size,), np.int32),
+                "prompt_len": np.zeros((len(tokens),), np.int32),
             }
         rng = np.random.default_rng([int(seed), int(step), _SPLIT_CODES[split], 1])
-        return mask_tokens(tokens, rng, self.params.mask_rate, self.vocab_size)
+        whole = (batch_size, tokens.shape[1])
+        return mask_tokens(tokens, rng, self.params.mask_rate, self.vocab_size, whole, rows)
 
     def eval_batches(self, *, batch_size: int, num_examples: int, seed: int, split: str):
         """A fixed list of ``ceil(num_examples / batch_size)`` batches of windows of ``split``."""
@@ -243,13 +257,20 @@ class TextSource:
 
 
 def mask_tokens(
-    tokens: np.ndarray, rng: np.random.Generator, mask_rate: float, vocab_size: int
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    mask_rate: float,
+    vocab_size: int,
+    whole: tuple[int, int] | None = None,
+    rows: slice | None = None,
 ) -> dict[str, np.ndarray]:
     """BERT's masking of ``tokens [B,T]``: picked with probability ``mask_rate``, then
-    80% MASK, 10% a random non-reserved id, 10% unchanged."""
-    picked = rng.random(tokens.shape) < mask_rate
-    choice = rng.random(tokens.shape)
-    random_ids = rng.integers(len(RESERVED_TOKENS), vocab_size, size=tokens.shape)
+    80% MASK, 10% a random non-reserved id, 10% unchanged. ``tokens`` may be ``rows`` of a
+    batch shaped ``whole``: the draws are the whole batch's, cut to those rows."""
+    shape, rows = (tokens.shape, slice(None)) if whole is None else (whole, rows or slice(None))
+    picked = (rng.random(shape) < mask_rate)[rows]
+    choice = rng.random(shape)[rows]
+    random_ids = rng.integers(len(RESERVED_TOKENS), vocab_size, size=shape)[rows]
     corrupted = np.where(picked & (choice < 0.8), MASK_ID, tokens)
     corrupted = np.where(picked & (choice >= 0.8) & (choice < 0.9), random_ids, corrupted)
     return {

@@ -93,18 +93,16 @@ class Placement:
 
     # -- data and compiled functions ---------------------------------------------------
 
-    def local_rows(self, batch: dict) -> dict:
-        """This process's rows of a global host batch: those its devices hold (all of them
-        in a one-process run)."""
+    def local_rows(self, size: int) -> slice:
+        """The rows of a global batch of ``size`` rows that this process's devices hold (all
+        of them in a one-process run): each process builds only these."""
         if jax.process_count() == 1:
-            return batch
-        size = len(next(iter(batch.values())))
+            return slice(0, size)
         starts = [
             index[0].indices(size)[:2]
             for index in self.batch.addressable_devices_indices_map((size,)).values()
         ]
-        lo, hi = min(a for a, _ in starts), max(b for _, b in starts)
-        return {key: np.asarray(rows)[lo:hi] for key, rows in batch.items()}
+        return slice(min(a for a, _ in starts), max(b for _, b in starts))
 
     def put_batch(self, batch: dict) -> dict:
         """This process's rows (:meth:`local_rows`) -> global arrays split over the batch

@@ -78,21 +78,23 @@ class Run:
     placement: Placement  # the mesh, the rules, the batch layout
     state_shardings: object  # a TrainState of shardings
 
-    def batch(self, step: int) -> dict:
-        """Batch ``step`` (host arrays): the global batch, which every process samples the
-        same way; see :meth:`device_batch` for the rows a process hands to the devices."""
+    def batch(self, step: int, rows: slice | None = None) -> dict:
+        """Batch ``step`` (host arrays): the global batch, or ``rows`` of it."""
         exp = self.experiment
         return self.source.batch(
             batch_format=self.model.batch_format,
             batch_size=exp.data.batch_size,
             seed=exp.train.seed,
             step=step,
+            rows=rows,
         )
 
-    def device_batch(self, batch: dict) -> dict:
-        """``batch`` as global arrays split over the mesh's batch axes; each process puts
-        only the rows its own devices hold."""
-        return self.placement.put_batch(self.placement.local_rows(batch))
+    def device_batch(self, step: int) -> dict:
+        """Batch ``step`` as global arrays split over the mesh's batch axes: each process
+        builds and puts only the rows its own devices hold (checked like any batch)."""
+        rows = self.batch(step, self.placement.local_rows(self.experiment.data.batch_size))
+        self.model.check_batch(rows)
+        return self.placement.put_batch(rows)
 
 
 def _source(experiment: Experiment, model):
@@ -451,10 +453,8 @@ class _Loop:
             )
             return state, start, False
         for step in range(start, t.steps):
-            batch = self.run.batch(step)
-            self.run.model.check_batch(batch)
             self.window.steps += 1
-            batch = self.run.device_batch(batch)
+            batch = self.run.device_batch(step)
             if step == start:
                 state = self.first_step(state, batch)
             else:
