@@ -34,7 +34,7 @@ format: $(STAMP)
 
 # The whole suite, `slow` tests included (CI runs exactly this), after the lint.
 test: lint
-	$(PY) -m pytest -n 2 --dist loadgroup -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=25
 
 # Everything but the tests marked slow, after the lint.
 test-fast: lint

@@ -95,16 +95,7 @@ def _main(argv, interrupts: _Interrupts) -> int:
             print(f"error: --{name.replace('_', '-')}={value} must be >= 1", file=sys.stderr)
             return 2
 
-    from tfmjax.config import ConfigError
-
-    try:
-        watch = processes.join(args)  # before JAX touches a device
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    code = _evaluate(args, interrupts)
-    processes.end(watch, code)
-    return code
+    return processes.run_joined(args, lambda: _evaluate(args, interrupts))
 
 
 def _evaluate(args, interrupts: _Interrupts) -> int:

@@ -70,16 +70,7 @@ def _main(argv, first: _FirstSignals) -> int:
 
     processes.add_arguments(parser)
     args = parser.parse_intermixed_args(argv)
-    from tfmjax.config import ConfigError
-
-    try:
-        watch = processes.join(args)  # before JAX touches a device
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    code = _train(args, first)
-    processes.end(watch, code)
-    return code
+    return processes.run_joined(args, lambda: _train(args, first))
 
 
 def _train(args, first: _FirstSignals) -> int:

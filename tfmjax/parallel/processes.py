@@ -226,6 +226,19 @@ class PeerWatch:
         os._exit(LOST_PEER_EXIT)
 
 
+def run_joined(args, body) -> int:
+    """``body()``'s exit code, run as one of the processes the flags name (or alone): join,
+    run, leave (:func:`end`). A join that cannot work prints one line and returns 2."""
+    try:
+        watch = join(args)  # before JAX touches a device
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    code = body()
+    end(watch, code)
+    return code
+
+
 def end(watch: PeerWatch | None, code: int, wait: float = 5.0) -> None:
     """Leave the run. A clean end (``code`` 0) tells the peers and lets JAX shut down with
     them. On an error, the processes that all hit it (a bad config fails everywhere) meet
