@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tfmjax.config import Experiment
+from tfmjax.config import ConfigError, Experiment
 from tfmjax.parallel.mesh import make_mesh
 from tfmjax.parallel.rules import Rules, batch_axes, rules_for
 
@@ -102,7 +102,15 @@ class Placement:
             index[0].indices(size)[:2]
             for index in self.batch.addressable_devices_indices_map((size,)).values()
         ]
-        return slice(min(a for a, _ in starts), max(b for _, b in starts))
+        lo, hi = min(a for a, _ in starts), max(b for _, b in starts)
+        held = set().union(*(range(a, b) for a, b in starts))
+        if len(held) != hi - lo:  # the rows must be one block to be built as a slice
+            raise ConfigError(
+                f"on mesh {dict(self.mesh.shape)} process {jax.process_index()} holds rows "
+                f"that are not one block of the batch; order the mesh so that each "
+                "process's devices come together (e.g. a larger mesh.data)"
+            )
+        return slice(lo, hi)
 
     def put_batch(self, batch: dict) -> dict:
         """This process's rows (:meth:`local_rows`) -> global arrays split over the batch
