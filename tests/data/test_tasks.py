@@ -179,6 +179,7 @@ def test_defaults_are_small():
         "num_digits": 3,
         "reversed_answer": False,
         "exact_digits": False,
+        "pad_operands": False,
     }
     assert make_task("addition_reversed").reversed_answer
 
@@ -208,6 +209,19 @@ def test_exact_digits_gives_operands_of_exactly_num_digits():
         assert len(a) == len(b) == 6 and a[0] != "0" and b[0] != "0"
     with pytest.raises(ValueError, match="exact_digits must be a bool"):
         make_task("addition", exact_digits=1)
+
+
+def test_pad_operands_writes_both_operands_at_the_widest_width():
+    for name, answer_order in (("addition", 1), ("addition_reversed", -1)):
+        task = make_task(name, num_digits=4, pad_operands=True)
+        for split, width in (("train", 4), ("eval", 4), ("length", 8)):
+            for source, target in _samples(task, split, 50):
+                a, b = task.vocab.decode(source).replace(" ", "").split("+")
+                assert len(a) == len(b) == width
+                answer = task.vocab.decode(target).replace(" ", "")[::answer_order]
+                assert answer == str(int(a) + int(b))  # no leading zeros in the answer
+    with pytest.raises(ValueError, match="pad_operands must be a bool"):
+        make_task("addition", pad_operands="yes")
 
 
 def test_task_params_change_the_data():

@@ -17,6 +17,12 @@ TINY = [
 
 
 @pytest.fixture(scope="session")
+def tiny_overrides():
+    """The overrides that make any run tiny (two steps, eight examples)."""
+    return list(TINY)
+
+
+@pytest.fixture(scope="session")
 def run_script():
     """``run_script(name, results_dir, *args)``: ``experiments/NAME.py`` with the tiny
     overrides for every run and results under ``results_dir``; the CompletedProcess."""

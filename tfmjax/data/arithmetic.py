@@ -21,17 +21,22 @@ class AdditionTask(Task):
     digits of a + b, most significant first, or least significant first when
     `reversed_answer` (the carry-friendly order; operands stay most significant
     first). With `exact_digits`, in-distribution operands have exactly num_digits
-    digits (what a length-generalisation study evaluates at). Length split: both
+    digits (what a length-generalisation study evaluates at). With `pad_operands`,
+    both operands are written with leading zeros to the split's widest operand
+    (num_digits; 2 * num_digits in the length split), so digits of the same place
+    value sit at the same offset from "+" and from the end (the zero-padding of
+    Lee et al. 2024); the answer keeps no leading zeros. Length split: both
     operands have num_digits+1 .. 2*num_digits digits.
     """
 
     num_digits: int = 3
     reversed_answer: bool = False
     exact_digits: bool = False
+    pad_operands: bool = False
 
     def __post_init__(self) -> None:
         check_int("addition", "num_digits", self.num_digits, 1)
-        for flag in ("reversed_answer", "exact_digits"):
+        for flag in ("reversed_answer", "exact_digits", "pad_operands"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(
                     f"task {self.name!r}: {flag} must be a bool, got {getattr(self, flag)!r}"
@@ -52,12 +57,15 @@ class AdditionTask(Task):
             digits = rng.integers(0, 10, size=self.num_digits).tolist()
         return int("".join(map(str, digits)))
 
-    def _digits(self, n: int) -> list[int]:
-        return [self.vocab.token_id(c) for c in str(n)]
+    def _digits(self, n: int, width: int = 0) -> list[int]:
+        """The digits of n, most significant first, with leading zeros up to `width`."""
+        return [self.vocab.token_id(c) for c in str(n).zfill(width)]
 
     def _generate(self, rng: np.random.Generator, long: bool) -> Example:
         a, b = self._operand(rng, long), self._operand(rng, long)
-        source = self._digits(a) + [self.vocab.token_id("+")] + self._digits(b)
+        width = (2 * self.num_digits if long else self.num_digits) if self.pad_operands else 0
+        plus = [self.vocab.token_id("+")]
+        source = self._digits(a, width) + plus + self._digits(b, width)
         target = self._digits(a + b)
         return source, target[::-1] if self.reversed_answer else target
 
