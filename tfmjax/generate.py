@@ -174,10 +174,11 @@ def _main(argv: Sequence[str] | None) -> int:
             )
         task = make_task(experiment.data.task, **experiment.data.task_params)
         max_new = args.max_new_tokens or task.max_target_len("eval") + 1
-        for line in check_trained_length(task, args.input):
+        inputs = [task.canonical_input(text) for text in args.input]
+        for line in check_trained_length(task, inputs):
             print(line, file=sys.stderr)
         answers = generate_from_text(
-            experiment.model, params, task.vocab, args.input, strategy, max_new, rng=args.seed
+            experiment.model, params, task.vocab, inputs, strategy, max_new, rng=args.seed
         )
     except (ValueError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -390,3 +390,14 @@ def test_bad_param_values():
         make_task("addition", num_digits=1.5)
     with pytest.raises(ValueError, match=r"num_keys must be an int in \[2, 26\]"):
         make_task("associative_recall", num_keys=40)
+
+
+def test_canonical_input_pads_what_a_person_types():
+    task = make_task("addition", pad_operands=True)
+    assert task.canonical_input("4 5 + 1 2 3") == "0 4 5 + 1 2 3"
+    assert task.canonical_input("0 + 7") == "0 0 0 + 0 0 7"
+    source, _ = _samples(task, "eval", 1)[0]
+    text = task.vocab.decode(source)
+    assert task.canonical_input(text) == text  # what the task writes is left as it is
+    assert make_task("addition").canonical_input("4 5 + 1") == "4 5 + 1"
+    assert make_task("reverse").canonical_input("a b") == "a b"

@@ -115,3 +115,21 @@ def test_cli_strategies():
         strategy("--decode", "sample", "--top-k", "2", "--top-p", "0.5")
     with pytest.raises(ValueError, match="TopK"):
         strategy("--decode", "sample", "--top-k", "0")
+
+
+def test_cli_writes_inputs_as_the_task_does(tiny, tmp_path, capsys):
+    """A model trained on zero-padded addition answers "4 5 + 1 2 3" as it would answer the
+    padded "0 4 5 + 1 2 3" it was trained on; the line printed keeps the user's input."""
+    from tfmjax.checkpoint import Checkpointer
+
+    task = make_task("addition", pad_operands=True)
+    model, params = tiny("tiny-gpt2", vocab_size=task.vocab.size, seed=2)
+    data = DataConfig(task="addition", task_params={"pad_operands": True})
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, {"params": params}, config=Experiment(model=model.config, data=data).to_dict())
+    ckpt.close() if hasattr(ckpt, "close") else ckpt.wait()
+    assert main([str(tmp_path), "--input", "4 5 + 1 2 3"]) == 0
+    padded = generate_from_text(model.config, params, task.vocab, "0 4 5 + 1 2 3", Greedy(), 5)
+    unpadded = generate_from_text(model.config, params, task.vocab, "4 5 + 1 2 3", Greedy(), 5)
+    assert padded != unpadded  # the padding reaches the model
+    assert capsys.readouterr().out.rstrip() == f"4 5 + 1 2 3 -> {padded}".rstrip()

@@ -61,6 +61,13 @@ class AdditionTask(Task):
         """The digits of n, most significant first, with leading zeros up to `width`."""
         return [self.vocab.token_id(c) for c in str(n).zfill(width)]
 
+    def canonical_input(self, text: str) -> str:
+        """ "4 5 + 1 2 3" -> "0 4 5 + 1 2 3" with pad_operands (num_digits 3); else as given."""
+        if not self.pad_operands or text.count("+") != 1:
+            return text
+        operands = ["".join(side.split()) for side in text.split("+")]
+        return " + ".join(" ".join(o.zfill(self.num_digits)) for o in operands)
+
     def _generate(self, rng: np.random.Generator, long: bool) -> Example:
         a, b = self._operand(rng, long), self._operand(rng, long)
         width = (2 * self.num_digits if long else self.num_digits) if self.pad_operands else 0

@@ -102,6 +102,11 @@ class Task(abc.ABC):
         self.check_split(split)
         return self._max_lengths(split == "length")[1]
 
+    def canonical_input(self, text: str) -> str:
+        """A user's space-separated source as the task writes it (the identity, unless a
+        task's format adds something a person would leave out, such as leading zeros)."""
+        return text
+
     @abc.abstractmethod
     def _generate(self, rng: np.random.Generator, long: bool) -> Example:
         """A raw example, in-distribution (long=False) or from the length split (long=True)."""
