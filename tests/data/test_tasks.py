@@ -396,8 +396,11 @@ def test_canonical_input_pads_what_a_person_types():
     task = make_task("addition", pad_operands=True)
     assert task.canonical_input("4 5 + 1 2 3") == "0 4 5 + 1 2 3"
     assert task.canonical_input("0 + 7") == "0 0 0 + 0 0 7"
-    source, _ = _samples(task, "eval", 1)[0]
-    text = task.vocab.decode(source)
-    assert task.canonical_input(text) == text  # what the task writes is left as it is
+    assert task.canonical_input("1 2 3 4 + 5") == "0 0 1 2 3 4 + 0 0 0 0 0 5"  # length split
+    assert task.canonical_input("+ 5") == "+ 5"  # malformed: left for the model's checks
+    for split in ("eval", "length"):  # what the task writes is left as it is
+        for source, _ in _samples(task, split, 20):
+            text = task.vocab.decode(source)
+            assert task.canonical_input(text) == text
     assert make_task("addition").canonical_input("4 5 + 1") == "4 5 + 1"
     assert make_task("reverse").canonical_input("a b") == "a b"

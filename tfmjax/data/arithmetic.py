@@ -62,20 +62,27 @@ class AdditionTask(Task):
         return [self.vocab.token_id(c) for c in str(n).zfill(width)]
 
     def canonical_input(self, text: str) -> str:
-        """ "4 5 + 1 2 3" -> "0 4 5 + 1 2 3" with pad_operands (num_digits 3); else as given."""
-        if not self.pad_operands or text.count("+") != 1:
-            return text
+        """ "4 5 + 1 2 3" -> "0 4 5 + 1 2 3" with pad_operands (num_digits 3): both operands
+        at the width the task writes them in, num_digits, or 2 * num_digits when one is longer
+        (the length split's). Anything else, such as an empty operand, is left as given."""
         operands = ["".join(side.split()) for side in text.split("+")]
-        return " + ".join(" ".join(o.zfill(self.num_digits)) for o in operands)
+        if not self.pad_operands or len(operands) != 2 or not all(operands):
+            return text
+        width = self._widest(long=max(map(len, operands)) > self.num_digits)
+        return " + ".join(" ".join(o.zfill(width)) for o in operands)
 
     def _generate(self, rng: np.random.Generator, long: bool) -> Example:
         a, b = self._operand(rng, long), self._operand(rng, long)
-        width = (2 * self.num_digits if long else self.num_digits) if self.pad_operands else 0
+        width = self._widest(long) if self.pad_operands else 0
         plus = [self.vocab.token_id("+")]
         source = self._digits(a, width) + plus + self._digits(b, width)
         target = self._digits(a + b)
         return source, target[::-1] if self.reversed_answer else target
 
+    def _widest(self, long: bool) -> int:
+        """The most digits an operand of the split has: num_digits, or 2 * num_digits."""
+        return 2 * self.num_digits if long else self.num_digits
+
     def _max_lengths(self, long: bool) -> tuple[int, int]:
-        d = 2 * self.num_digits if long else self.num_digits
+        d = self._widest(long)
         return 2 * d + 1, d + 1
