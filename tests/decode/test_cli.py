@@ -33,22 +33,23 @@ def test_generate_from_text_is_generate_on_source_sep(setup):
         generate_from_text(model.config, params, task.vocab, "a z", Greedy(), 6)
 
 
-@pytest.fixture(scope="module")
-def workdir(setup, tmp_path_factory):
-    """A workdir holding one checkpoint of the tiny model, with its experiment config."""
+def save_workdir(path, model, params, data: DataConfig):
+    """Write one checkpoint of ``params`` with its experiment config into ``path``."""
     from tfmjax.checkpoint import Checkpointer
 
-    task, model, params = setup
-    exp = Experiment(
-        name="cli",
-        model=model.config,
-        data=DataConfig(task="reverse", task_params=dict(TASK_PARAMS)),
-    )
-    path = tmp_path_factory.mktemp("generate_cli")
+    exp = Experiment(name="cli", model=model.config, data=data)
     ckpt = Checkpointer(path)
     ckpt.save(1, {"params": params}, config=exp.to_dict())
     ckpt.close() if hasattr(ckpt, "close") else ckpt.wait()
     return path
+
+
+@pytest.fixture(scope="module")
+def workdir(setup, tmp_path_factory):
+    """A workdir holding one checkpoint of the tiny model, with its experiment config."""
+    task, model, params = setup
+    data = DataConfig(task="reverse", task_params=dict(TASK_PARAMS))
+    return save_workdir(tmp_path_factory.mktemp("generate_cli"), model, params, data)
 
 
 def test_cli_loads_checkpoint_and_prints_answers(setup, workdir, capsys):
@@ -120,14 +121,9 @@ def test_cli_strategies():
 def test_cli_writes_inputs_as_the_task_does(tiny, tmp_path, capsys):
     """A model trained on zero-padded addition answers "4 5 + 1 2 3" as it would answer the
     padded "0 4 5 + 1 2 3" it was trained on; the line printed keeps the user's input."""
-    from tfmjax.checkpoint import Checkpointer
-
     task = make_task("addition", pad_operands=True)
     model, params = tiny("tiny-gpt2", vocab_size=task.vocab.size, seed=2)
-    data = DataConfig(task="addition", task_params={"pad_operands": True})
-    ckpt = Checkpointer(tmp_path)
-    ckpt.save(1, {"params": params}, config=Experiment(model=model.config, data=data).to_dict())
-    ckpt.close() if hasattr(ckpt, "close") else ckpt.wait()
+    save_workdir(tmp_path, model, params, DataConfig(task="addition", task_params=task.params))
     assert main([str(tmp_path), "--input", "4 5 + 1 2 3"]) == 0
     padded = generate_from_text(model.config, params, task.vocab, "0 4 5 + 1 2 3", Greedy(), 5)
     unpadded = generate_from_text(model.config, params, task.vocab, "4 5 + 1 2 3", Greedy(), 5)
