@@ -102,8 +102,8 @@ def _evaluate(args, interrupts: _Interrupts) -> int:
     from tfmjax.checkpoint import CheckpointError
     from tfmjax.config import ConfigError
     from tfmjax.decode.options import strategy_from_args
-    from tfmjax.evaluate import evaluate_checkpoint, format_report, write_report
-    from tfmjax.parallel.processes import is_main, tag
+    from tfmjax.evaluation.report import evaluate_checkpoint, format_report, write_report
+    from tfmjax.parallel.processes import fail, is_main, tag
 
     try:
         strategy = strategy_from_args(args)
@@ -117,8 +117,7 @@ def _evaluate(args, interrupts: _Interrupts) -> int:
             decode_seed=args.seed,
         )
     except (CheckpointError, ConfigError, ValueError) as err:
-        print(f"{tag()}error: {err}", file=sys.stderr)
-        return 2
+        return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost
     if not is_main():
         return 0  # process 0 writes and prints the report
     written = interrupts.held(write_report, report, args.out)

@@ -76,8 +76,9 @@ def _main(argv, first: _FirstSignals) -> int:
 def _train(args, first: _FirstSignals) -> int:
     from tfmjax.checkpoint import CheckpointError
     from tfmjax.config import ConfigError, load
-    from tfmjax.parallel.processes import is_main, tag
-    from tfmjax.train.loop import Interrupted, NonFiniteLossError, StopSignals, train
+    from tfmjax.parallel.processes import fail, is_main, tag
+    from tfmjax.train.loop import NonFiniteLossError, train
+    from tfmjax.train.stopping import Interrupted, StopSignals
 
     # train() shares it: a signal from here on reaches the loop; a second Ctrl-C exits 130
     with StopSignals(exit_on_second=True) as stop:
@@ -92,8 +93,7 @@ def _train(args, first: _FirstSignals) -> int:
             print(f"{tag()}{err}", file=sys.stderr)
             return err.exit_code
         except (ConfigError, CheckpointError) as err:
-            print(f"{tag()}error: {err}", file=sys.stderr)
-            return 2
+            return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost
         except NonFiniteLossError as err:
             print(f"{tag()}error: {err}", file=sys.stderr)
             return 1

@@ -76,7 +76,7 @@ def _with_batch(exp: Experiment, batch_size: int) -> Experiment:
 def step_time(mesh) -> float:
     """Seconds per train step of the tiny decoder-only model on ``mesh`` (warm)."""
     from tfmjax.config import load
-    from tfmjax.train.loop import build_run
+    from tfmjax.train.run import build_run
     from tfmjax.train.state import create_state
 
     d, f, t = mesh

@@ -124,7 +124,7 @@ def score(workdir: Path, task: str) -> list[dict]:
     """Greedy exact-match and token accuracy of the checkpoint at each test length."""
     from tfmjax.checkpoint import load_for_inference
     from tfmjax.config import from_dict
-    from tfmjax.evaluator import Evaluator
+    from tfmjax.evaluation.evaluator import Evaluator
 
     config, params, _ = load_for_inference(workdir)
     model_config = from_dict(config).model

@@ -1,12 +1,25 @@
 """Strict JAX settings for every test: 8 CPU devices, rank promotion raises. Text tasks'
-token files go to a cache shared by the test workers (keyed by content, written atomically)."""
+token files go to a cache shared by the test workers (keyed by content, written atomically).
+
+Compiled programs go to a JAX persistent compilation cache of this run's own (shared by its
+xdist workers and the train.py/eval.py subprocesses the tests start, empty at the start of
+each run, removed at its end): many tests build the same small model and jit the same step
+anew, and XLA's compile dominates their time. A cache hit loads the same executable, so
+values are unchanged; tests that count compilations count traces, which still happen."""
 
 import os
+import shutil
 import tempfile
+import uuid
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TFMJAX_CACHE_DIR", os.path.join(tempfile.gettempdir(), "tfmjax-test-cache"))
+JIT_CACHE_ROOT = os.path.join(tempfile.gettempdir(), "tfmjax-test-jit-cache")
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(JIT_CACHE_ROOT, _RUN))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 
@@ -23,3 +36,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in listed:
             item.add_marker("slow")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's compilation cache goes with the run (the xdist controller, or a plain run)."""
+    if not hasattr(session.config, "workerinput"):
+        cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+        if os.path.dirname(cache) == JIT_CACHE_ROOT:
+            shutil.rmtree(cache, ignore_errors=True)

@@ -8,7 +8,7 @@ import pytest
 
 from tfmjax.config import load
 from tfmjax.data import TASK_NAMES
-from tfmjax.train.loop import build_run
+from tfmjax.train.run import build_run
 from tfmjax.train.state import abstract_state, create_state
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))

@@ -1,7 +1,11 @@
-"""Imports run downward only and form no cycle (lazy imports inside functions included).
+"""Imports run downward only and form no cycle (lazy imports inside functions included);
+submodules never import their own package's face; no file under ``tfmjax/`` is over
+:data:`MAX_LINES` lines.
 
 Every module under ``tfmjax/`` is parsed (never imported). A module may import modules of a
 lower layer, or modules of its own top-level package; anything else is a layering error.
+Importing ``p.q.m`` runs the faces ``p`` and ``p.q`` first, as Python does, so the import
+graph holds those edges too and a cycle through a package face is seen.
 """
 
 from __future__ import annotations
@@ -10,23 +14,24 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 500  # docs/design.md: small files, one job each
 
 # Layer of each top-level name under tfmjax/ (the package __init__ is ""): config < kernels,
 # layers, data < models < decode, train, ... < entry points, with the order inside a group
 # made explicit (layers use kernels; the training loop uses the evaluator; decoding, checkpoints
-# and training all place arrays on the mesh of tfmjax.parallel).
+# and training all place arrays on the mesh of tfmjax.parallel). A dotted name places one
+# submodule apart from its package: ``config.explain`` is a CLI that lists the tasks too.
 LAYER_GROUPS = [
-    ("", "presets", "field_help"),
-    ("config",),
+    ("",),
+    ("config", "reporting"),
     ("kernels", "data", "losses"),
     ("layers",),
     ("models",),
     ("parallel",),
     ("decode", "checkpoint"),
-    ("evaluator",),
-    ("text_evaluator",),
+    ("evaluation",),
     ("train", "interp", "hf"),
-    ("evaluate", "generate", "summary", "explain"),
+    ("generate", "summary", "config.explain"),
 ]
 LAYERS = {name: rank for rank, names in enumerate(LAYER_GROUPS) for name in names}
 
@@ -91,13 +96,66 @@ def imports_of(name: str, source: str, modules: set[str]) -> list[tuple[int, str
 
 
 def top(name: str) -> str:
+    """The layer-table name of module ``name``: its top-level package, or a submodule the
+    table places apart (``tfmjax.config.explain`` -> ``config.explain``)."""
     parts = name.split(".")
+    if len(parts) > 2 and ".".join(parts[1:3]) in LAYERS:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else ""
 
 
+def faces_of(target: str, modules: set[str]) -> list[str]:
+    """The package faces Python runs before ``target``: ``a.b.c`` -> ``[a, a.b]``."""
+    parts = target.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules]
+
+
 def graph(files: dict[str, str]) -> dict[str, list[tuple[int, str]]]:
+    """``{module: [(line, imported module), ...]}``, the faces run on the way included (an
+    importer's own enclosing packages aside: they are running already)."""
     modules = set(files)
-    return {name: imports_of(name, source, modules) for name, source in files.items()}
+    edges = {}
+    for name, source in files.items():
+        direct = imports_of(name, source, modules)
+        edges[name] = list(direct)
+        seen = {t for _, t in direct}
+        for line, target in direct:
+            for face in faces_of(target, modules):
+                if face not in seen and face != name and not name.startswith(face + "."):
+                    edges[name].append((line, face))
+                    seen.add(face)
+    return edges
+
+
+def own_face_imports(files: dict[str, str]) -> list[str]:
+    """Submodules that import one of their own enclosing packages' ``__init__`` (``from
+    tfmjax.hf import x`` inside ``tfmjax/hf/``): import the sibling module itself."""
+    modules = set(files)
+    problems = []
+    for name, source in sorted(files.items()):
+        for line, target in imports_of(name, source, modules):
+            if name.startswith(target + ".") and target != "tfmjax":
+                problems.append(f"{name}:{line} imports its own package's face {target}")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                face = node.module
+                named_modules = all(f"{face}.{a.name}" in modules for a in node.names)
+                if name.startswith(face + ".") and face != "tfmjax" and named_modules:
+                    problems.append(
+                        f"{name}:{node.lineno} imports its own package's face {face} "
+                        f"(write: import {face}.{node.names[0].name})"
+                    )
+    return problems
+
+
+def long_files(root: Path) -> list[str]:
+    """Files under ``root`` over :data:`MAX_LINES` lines."""
+    counts = {p: len(p.read_text().splitlines()) for p in sorted(root.rglob("*.py"))}
+    return [
+        f"{p.relative_to(root.parent)}: {n} lines (at most {MAX_LINES}: split it at a concept)"
+        for p, n in counts.items()
+        if n > MAX_LINES
+    ]
 
 
 def upward_imports(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
@@ -151,6 +209,16 @@ def test_no_import_cycles():
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
+def test_no_submodule_imports_its_own_package_face():
+    found = own_face_imports(module_files(ROOT / "tfmjax"))
+    assert not found, "imports of a package's own face:\n" + "\n".join(found)
+
+
+def test_no_file_is_over_the_line_limit():
+    found = long_files(ROOT / "tfmjax")
+    assert not found, "files over the limit:\n" + "\n".join(found)
+
+
 def test_package_init_holds_only_the_version():
     assert graph(module_files(ROOT / "tfmjax"))["tfmjax"] == []
 
@@ -164,7 +232,40 @@ def test_the_checker_reports_an_upward_import_and_a_cycle():
         "tfmjax.models.y": "import importlib\nimportlib.import_module('tfmjax.models.x')\n",
     }
     edges = graph(files)
+    upward = f"(layer {LAYERS['config']} config -> {LAYERS['models']} models)"
     assert upward_imports(edges) == [
-        "tfmjax.config:2 imports tfmjax.models.x (layer 1 config -> 4 models)"
+        f"tfmjax.config:2 imports tfmjax.models.x {upward}",
+        f"tfmjax.config:2 imports tfmjax.models {upward}",  # the face runs first
     ]
     assert cycles(edges) == ["tfmjax.models.x -> tfmjax.models.y -> tfmjax.models.x"]
+
+
+def test_the_checker_reports_an_own_face_import_and_a_cycle_through_a_face():
+    """The two faults main had: ``from tfmjax.hf import bart`` inside ``tfmjax.hf.api``, whose
+    face imports it back; and a module elsewhere importing ``tfmjax.hf.api``, whose face runs
+    first."""
+    files = {
+        "tfmjax": "",
+        "tfmjax.hf": "from tfmjax.hf.api import load\n",
+        "tfmjax.hf.api": "from tfmjax.hf import bart\nfrom tfmjax.hf import load\n",
+        "tfmjax.hf.bart": "from tfmjax.train.x import f\n",
+        "tfmjax.train": "",
+        "tfmjax.train.x": "def f():\n    from tfmjax.hf.api import load\n",
+    }
+    assert own_face_imports(files) == [
+        "tfmjax.hf.api:2 imports its own package's face tfmjax.hf",
+        "tfmjax.hf.api:1 imports its own package's face tfmjax.hf (write: import tfmjax.hf.bart)",
+    ]
+    assert "tfmjax.hf -> tfmjax.hf.api -> tfmjax.hf.bart -> tfmjax.train.x -> tfmjax.hf" in (
+        cycles(graph(files))
+    )
+
+
+def test_the_checker_reports_a_long_file(tmp_path):
+    package = tmp_path / "tfmjax"
+    package.mkdir()
+    (package / "short.py").write_text("x = 1\n" * MAX_LINES)
+    (package / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_files(package) == [
+        f"tfmjax/long.py: {MAX_LINES + 1} lines (at most {MAX_LINES}: split it at a concept)"
+    ]

@@ -12,9 +12,9 @@ from tfmjax import config as C
 from tfmjax import kernels, models
 from tfmjax.data import make_task
 from tfmjax.data.sources import open_source
-from tfmjax.evaluator import Evaluator
+from tfmjax.evaluation.evaluator import Evaluator
+from tfmjax.evaluation.text_evaluator import TextEvaluator
 from tfmjax.models.common import DTYPES
-from tfmjax.text_evaluator import TextEvaluator
 from tfmjax.train import schedules
 from tfmjax.train.state import SUM_KEYS, WINDOW_KEYS, empty_window
 from tfmjax.train.step import batch_sums
@@ -50,6 +50,14 @@ def test_feature_maps_are_the_configs_feature_maps():
     from tfmjax.kernels import linear
 
     assert set(C.FEATURE_MAPS) == set(linear.FEATURE_MAPS)
+
+
+def test_attention_systems_are_the_configs_attentions():
+    """The variants table of tfmjax.layers is the one list of ``model.attention`` names
+    (the config, below layers, holds the same names to validate a value)."""
+    from tfmjax.layers.attention_variants import ATTENTION_NAMES
+
+    assert ATTENTION_NAMES == C.ATTENTIONS
 
 
 def test_every_attention_system_builds_a_block():
@@ -122,7 +130,7 @@ def test_no_family_names_compared_outside_models_and_config():
     offenders = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("models/") or rel == "config.py":
+        if rel.startswith(("models/", "config/")):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line):

@@ -20,7 +20,7 @@ def main(argv=None) -> int:
         prog="python -m tfmjax.summary",
         description=__doc__.splitlines()[0],
         epilog="A model.preset=NAME override starts the model from that preset (the file's "
-        "other [model] keys are dropped); python -m tfmjax.explain lists presets.",
+        "other [model] keys are dropped); python -m tfmjax.config.explain lists presets.",
     )
     parser.add_argument("config", help="experiment TOML, e.g. configs/reverse.toml")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. model.d_model=128")

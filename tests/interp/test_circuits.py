@@ -157,7 +157,7 @@ def test_circuits_reproduce_the_attention_module():
 
     D, N, H, T = 16, 4, 4, 5
     x = jnp.asarray(np.random.default_rng(2).normal(size=(1, T, D)), jnp.float32)
-    mha = MultiHeadAttention(D, N, 2, H, use_bias=False, impl="reference")
+    mha = MultiHeadAttention(D, N, 2, H, attention_bias=False, impl="reference")
     q, k = mha.apply(layer, x, method=lambda m, x: (m.query(x), m.key(x)))  # [1,T,N|K,H]
     for n in range(N):
         _close(x[0] @ qk[n] @ x[0].T, q[0, :, n] @ k[0, :, n // 2].T)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tfmjax import kernels
-from tfmjax.kernels import blockwise, masks, reference
+from tfmjax.kernels import block_geometry, blockwise, blockwise_layout, masks, reference
 from tfmjax.kernels.testing import (
     SEGMENT_CASES,
     assert_close,
@@ -186,14 +186,14 @@ def test_block_range_is_exact(causal, window):
     """The needed range is exactly the blocks with a visible pair (so skipping never drops
     work and never does work that is fully masked), and the unmasked range exactly the
     blocks with only visible pairs."""
-    dmin, dmax = blockwise.distance_bounds(causal, window)
+    dmin, dmax = block_geometry.distance_bounds(causal, window)
     grid = itertools.product((4, 8), (29, 32), (4, 8), range(0, 40, 3))
     for block, length, a_block, start in grid:
         num_blocks = -(-length // block)
         a_lo, a_hi = start, start + a_block - 1
         lo, flo, fhi, hi = (
             int(x)
-            for x in blockwise.block_range(
+            for x in block_geometry.block_range(
                 a_lo, a_hi, block, num_blocks, dmin, dmax, num_full=length // block
             )
         )
@@ -223,7 +223,7 @@ def test_floor_div_matches_python_floor_division():
     """The Pallas-safe ``x // d`` rounds down for negative x and exact multiples too."""
     x = np.arange(-40, 41, dtype=np.int32)
     for d in (1, 2, 3, 8):
-        got = np.asarray(blockwise._floor_div(jnp.asarray(x), d))
+        got = np.asarray(block_geometry._floor_div(jnp.asarray(x), d))
         np.testing.assert_array_equal(got, x // d, err_msg=f"d={d}")
 
 
@@ -232,9 +232,10 @@ def test_geometry_uses_as_few_blocks_as_cover_the_sequence():
     Geometry and its statics are hashable values (jit and custom_vjp key on them)."""
     sizes = blockwise.BlockSizes()
     for T, S, bq, bk, nq, nk in [(9, 16, 4, 8, 3, 2), (8, 5, 4, 8, 2, 1), (1, 7, 4, 2, 1, 4)]:
-        st = blockwise._Static(
+        st = blockwise_layout.BlockwiseStatic(
             causal=False, window=None, scale=1.0, q_len=T, kv_len=S, blocks=sizes
         )
-        geo = blockwise._Geometry.make(st, bq, bk, K=2, G=1)
-        assert hash(geo) == hash(blockwise._Geometry.make(st, bq, bk, K=2, G=1))  # static args
+        make = blockwise_layout.PassGeometry.make
+        geo = make(st, bq, bk, K=2, G=1)
+        assert hash(geo) == hash(make(st, bq, bk, K=2, G=1))  # static args
         assert (geo.bq, geo.bk, geo.nq, geo.nk) == (min(bq, T), min(bk, S), nq, nk)

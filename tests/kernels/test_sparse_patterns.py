@@ -3,7 +3,7 @@ Child et al. 2019) and global tokens (Longformer, Beltagy et al. 2020).
 
 * The masks are the papers' drawings: rows of small masks, written out by hand, against
   both ``masks.dense_mask`` and the independent NumPy oracle's rule.
-* Block skipping: the block ranges of ``blockwise.pattern_ranges`` (shared by the
+* Block skipping: the block ranges of ``block_geometry.pattern_ranges`` (shared by the
   blockwise path and the Pallas kernels, in both orientations) never drop a block that
   holds a visible pair, and leave unmasked only blocks whose pairs are all visible;
   window-only ranges are exactly those of ``block_range``; global tokens keep skipping.
@@ -22,7 +22,14 @@ import numpy as np
 import pytest
 
 from tfmjax import kernels
-from tfmjax.kernels import blockwise, masks, pallas_attention, pallas_kernels
+from tfmjax.kernels import (
+    block_geometry,
+    blockwise,
+    blockwise_layout,
+    masks,
+    pallas_attention,
+    pallas_kernels,
+)
 
 _spec = importlib.util.spec_from_file_location(
     "tfmjax_tests_oracle", pathlib.Path(__file__).resolve().parents[1] / "oracle.py"
@@ -198,11 +205,13 @@ def test_blockwise_ranges_are_the_key_ranges(traced):
     """blockwise's per-query-block ranges are pattern_ranges' too (also with a traced
     ``q_offset``, where they stay tight)."""
     pattern = dict(causal=True, window=1, stride=None, global_tokens=2)
-    st = blockwise._Static(**pattern, scale=1.0, q_len=16, kv_len=32, blocks=blockwise.BlockSizes())
-    geo = blockwise._Geometry.make(st, 4, 4, K=1, G=1)
+    st = blockwise_layout.BlockwiseStatic(
+        **pattern, scale=1.0, q_len=16, kv_len=32, blocks=blockwise.BlockSizes()
+    )
+    geo = blockwise_layout.PassGeometry.make(st, 4, 4, K=1, G=1)
 
     def ranges(offset):
-        scores = blockwise._Scores(geo, offset, None, None, None, prescaled=True)
+        scores = blockwise_layout.BlockScores(geo, offset, None, None, None, prescaled=True)
         return jax.vmap(scores.ranges)(jnp.arange(geo.nq))
 
     offset = jnp.int32(12)
@@ -216,9 +225,9 @@ def test_blockwise_ranges_are_the_key_ranges(traced):
 def test_window_only_ranges_are_block_range(causal, window):
     """Without stride or global tokens, pattern_ranges is block_range's (exact) band and
     adds no global range; global tokens without a window or stride change nothing."""
-    dmin, dmax = blockwise.distance_bounds(causal, window)
+    dmin, dmax = block_geometry.distance_bounds(causal, window)
     for g, a_lo in itertools.product((0, 3), range(0, 30, 5)):
-        got = blockwise.pattern_ranges(
+        got = block_geometry.pattern_ranges(
             a_lo,
             a_lo + 3,
             4,
@@ -229,7 +238,7 @@ def test_window_only_ranges_are_block_range(causal, window):
             global_tokens=g if window is None else 0,
             num_full=7,
         )
-        want = blockwise.block_range(a_lo, a_lo + 3, 4, 8, dmin, dmax, num_full=7)
+        want = block_geometry.block_range(a_lo, a_lo + 3, 4, 8, dmin, dmax, num_full=7)
         assert got.glo is None and got.ghi is None
         assert [int(x) for x in got[2:]] == [int(x) for x in want]
 
@@ -239,15 +248,17 @@ def test_global_tokens_keep_skipping():
     block 0 (the global key) and blocks 6-7 (the band), nothing in between; the query
     block holding the global query visits everything."""
     pattern = dict(causal=True, window=1, stride=None, global_tokens=1)
-    late = blockwise.pattern_ranges(28, 31, 4, 8, **pattern, num_full=8)
+    late = block_geometry.pattern_ranges(28, 31, 4, 8, **pattern, num_full=8)
     assert visits(late, 8).tolist() == [1, 0, 0, 0, 0, 0, 1, 1]
-    first = blockwise.pattern_ranges(0, 3, 4, 8, **pattern, num_full=8)
+    first = block_geometry.pattern_ranges(0, 3, 4, 8, **pattern, num_full=8)
     assert visits(first, 8).tolist() == [1, 0, 0, 0, 0, 0, 0, 0]  # causal: keys 0..3
-    bidirectional = blockwise.pattern_ranges(0, 3, 4, 8, **dict(pattern, causal=False), num_full=8)
+    bidirectional = block_geometry.pattern_ranges(
+        0, 3, 4, 8, **dict(pattern, causal=False), num_full=8
+    )
     assert visits(bidirectional, 8).all()
     # A stride reaches keys at any distance: the whole causal range, unmasked only where
     # every pair is local (keys 24..27: d = 1..7 < 8).
-    strided = blockwise.pattern_ranges(
+    strided = block_geometry.pattern_ranges(
         28, 31, 4, 8, causal=True, window=None, stride=8, global_tokens=0, num_full=8
     )
     assert visits(strided, 8).tolist() == [1, 1, 1, 1, 1, 1, 2, 1]

@@ -14,7 +14,7 @@ from tfmjax.layers.attention import MultiHeadAttention
 def test_module_matches_per_head_loop(num_kv_heads):
     D, N, H, T = 16, 4, 4, 5
     x = np.random.default_rng(0).normal(size=(1, T, D)).astype(np.float32)
-    module = MultiHeadAttention(D, N, num_kv_heads, H, use_bias=False, impl="reference")
+    module = MultiHeadAttention(D, N, num_kv_heads, H, attention_bias=False, impl="reference")
     pos = jnp.arange(T)[None]
     params = nn.unbox(module.init(jax.random.key(0), x, q_positions=pos))["params"]
     out, _ = module.apply({"params": params}, x, q_positions=pos, causal=True)

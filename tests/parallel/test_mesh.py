@@ -15,7 +15,7 @@ import pytest
 from tfmjax.checkpoint import Checkpointer
 from tfmjax.config import ConfigError, load
 from tfmjax.parallel import Placement, make_mesh
-from tfmjax.train.loop import build_run
+from tfmjax.train.run import build_run
 from tfmjax.train.state import abstract_state, create_state
 
 CONFIGS = {

@@ -229,3 +229,51 @@ def test_one_process_without_flags_and_host_copies(monkeypatch):
     assert isinstance(host["a"], np.ndarray)
     np.testing.assert_array_equal(host["a"], np.arange(6).reshape(2, 3))
     processes.end(None, 0)  # one process: nothing to tell, no exit
+
+
+class _FakeStore:
+    """The runtime's key-value store and barrier, in memory: peer 1 beats while ``alive``."""
+
+    def __init__(self, barrier_meets: bool, peer_alive: bool):
+        self.values: dict[str, str] = {}
+        self.barrier_meets, self.peer_alive, self.peer_beat = barrier_meets, peer_alive, 0
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        self.values[key] = value
+
+    def key_value_dir_get(self, prefix):
+        if self.peer_alive:
+            self.peer_beat += 1
+            self.values["tfmjax/beat/1"] = str(self.peer_beat)
+        return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+    def wait_at_barrier(self, name, timeout_ms):
+        if not self.barrier_meets:
+            time.sleep(timeout_ms / 1000)
+            raise RuntimeError("DEADLINE_EXCEEDED: barrier timed out")
+
+
+@pytest.mark.parametrize(
+    "barrier_meets, peer_alive, together, lost",
+    [(True, True, True, []), (False, True, False, []), (False, False, False, [1])],
+    ids=["all_failed", "failed_alone", "after_a_lost_peer"],
+)
+def test_an_error_is_settled_before_it_is_printed(barrier_meets, peer_alive, together, lost):
+    """settle_failure, the step before an error line with several processes: an error all
+    processes hit meets at the barrier; one of this process alone ends without waiting for a
+    verdict; one that follows a peer's silence waits until the watch declares the peer lost
+    (here recorded instead of exiting 3)."""
+    from tfmjax.parallel.processes import PeerWatch
+
+    watch = PeerWatch(
+        0, 2, timeout=1.0, interval=0.05, client=_FakeStore(barrier_meets, peer_alive)
+    )
+    declared = []
+    watch._lost = lambda peer, who: declared.append(peer) or watch._stop.set()  # not exit 3
+    watch.start()
+    try:
+        watch.settle_failure(wait=0.3)
+    finally:
+        watch._stop.set()
+    assert watch.failed_together is together
+    assert declared == lost

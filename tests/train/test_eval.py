@@ -16,8 +16,8 @@ from tfmjax.checkpoint import load_for_inference
 from tfmjax.config import ModelConfig, from_dict
 from tfmjax.data import EOS_ID, PAD_ID, make_task
 from tfmjax.decode import BeamSearch, Greedy, TopK, generate
-from tfmjax.evaluate import evaluate_checkpoint, format_report
-from tfmjax.evaluator import Evaluator, ids_to_text
+from tfmjax.evaluation.evaluator import Evaluator, ids_to_text
+from tfmjax.evaluation.report import evaluate_checkpoint, format_report
 from tfmjax.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import pytest
 from tfmjax.checkpoint import load_for_inference, params_hash
 from tfmjax.config import ConfigError, from_dict
 from tfmjax.models import InputError
+from tfmjax.reporting.metrics_log import read_records
 from tfmjax.train.loop import NonFiniteLossError, train
-from tfmjax.train.metrics_log import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 600  # only against hangs: the CLI tests wait for events, never for a time

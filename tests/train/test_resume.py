@@ -10,8 +10,8 @@ import pytest
 
 from tfmjax.checkpoint import load_for_inference, params_hash
 from tfmjax.config import from_dict
+from tfmjax.reporting.metrics_log import deterministic_part, read_records
 from tfmjax.train.loop import train
-from tfmjax.train.metrics_log import deterministic_part, read_records
 
 STEPS = 12
 

@@ -13,8 +13,8 @@ import pytest
 
 from tfmjax.checkpoint import CheckpointError, load_config
 from tfmjax.config import from_dict
+from tfmjax.reporting.metrics_log import read_records
 from tfmjax.train.loop import train
-from tfmjax.train.metrics_log import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 600  # a hang guard for the CLI runs, not a speed limit

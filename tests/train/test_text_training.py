@@ -13,12 +13,12 @@ from tfmjax.checkpoint import load_assets, load_for_inference, params_hash
 from tfmjax.config import ConfigError, from_dict
 from tfmjax.data.vocab import EOS_ID
 from tfmjax.decode import Greedy
-from tfmjax.evaluate import evaluate_checkpoint, format_report
+from tfmjax.evaluation.report import evaluate_checkpoint, format_report
 from tfmjax.generate import continue_text
 from tfmjax.generate import main as generate_main
 from tfmjax.models import build
+from tfmjax.reporting.metrics_log import deterministic_part, read_records
 from tfmjax.train.loop import train
-from tfmjax.train.metrics_log import deterministic_part, read_records
 
 
 def experiment(workdir, family="decoder_only", steps=60, **data):

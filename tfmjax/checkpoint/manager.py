@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 import tfmjax
-from tfmjax.checkpoint import orbax_log
+import tfmjax.checkpoint.orbax_log as orbax_log
 from tfmjax.checkpoint.errors import CheckpointError, CorruptStep, save_cause, short_error
 from tfmjax.checkpoint.hashing import (
     array_table,

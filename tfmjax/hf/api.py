@@ -14,9 +14,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+import tfmjax.hf.bart as bart
+import tfmjax.hf.bert as bert
+import tfmjax.hf.gpt2 as gpt2
+import tfmjax.hf.llama as llama
+import tfmjax.hf.t5 as t5
+import tfmjax.hf.tensors as tensors
 from tfmjax.config import ConfigError, ModelConfig
 from tfmjax.data.vocab import EOS_ID, PAD_ID
-from tfmjax.hf import bart, bert, gpt2, llama, t5, tensors
 from tfmjax.hf.arch import Architecture
 from tfmjax.hf.errors import HFError
 from tfmjax.hf.fields import Fields

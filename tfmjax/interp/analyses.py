@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import tfmjax.interp.patching as patching
 from tfmjax.checkpoint import load_for_inference, open_checkpoint_source
 from tfmjax.config import Experiment, from_dict
 from tfmjax.data.vocab import RESERVED_TOKENS
-from tfmjax.interp import patching
 from tfmjax.interp.attribution import logit_attribution
 from tfmjax.interp.heads import SCORES, head_scores
 from tfmjax.interp.hooked import (

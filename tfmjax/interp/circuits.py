@@ -29,6 +29,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
+
 ATTENTION_KEYS = {"attn": "attention", "cross_attn": "cross_attention"}
 
 
@@ -106,9 +108,10 @@ class FactoredMatrix:
 
 def _check(model, stack: str) -> int:
     """The number of layers of ``stack``; a one-line ValueError if there are no circuits."""
-    if model.config.attention != "softmax":
+    if not ATTENTION_VARIANTS[model.config.attention].qk_ov_circuits:
+        fit = " or ".join(repr(n) for n, cls in ATTENTION_VARIANTS.items() if cls.qk_ov_circuits)
         raise ValueError(
-            f"QK/OV circuits need model.attention='softmax' (separate query, key, value and "
+            f"QK/OV circuits need model.attention={fit} (separate query, key, value and "
             f"out kernels), not {model.config.attention!r}"
         )
     stacks = model.layer_stacks()

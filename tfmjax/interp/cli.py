@@ -28,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+import tfmjax.interp.analyses as analyses
+import tfmjax.interp.plots as plots
 from tfmjax.checkpoint import CheckpointError, workdir_of
 from tfmjax.config import ConfigError
 from tfmjax.data.vocab import RESERVED_TOKENS
-from tfmjax.interp import analyses, plots
 from tfmjax.interp.heads import SCORES
 from tfmjax.interp.hooked import run_with_cache
 from tfmjax.interp.sae import SAEConfig

@@ -44,14 +44,15 @@ Features: causal masks and sliding windows skip whole blocks (the loop runs only
 the needed key blocks, and only blocks on the edge of the visible band build a mask);
 the sparse patterns of :mod:`tfmjax.kernels.masks` -- strided (Child et al. 2019) and
 global tokens (Beltagy et al. 2020) -- with the block ranges of
-:func:`~tfmjax.kernels.blockwise.pattern_ranges` (a stride visits the whole causal range,
+:func:`~tfmjax.kernels.block_geometry.pattern_ranges` (a stride visits the whole causal range,
 global key blocks are an extra masked range, a block holding global queries sees all);
 segment ids (padding and packing); GQA/MQA by index mapping (a query head reads key/value
 head ``n // G``; nothing is repeated); ALiBi slopes applied in-kernel per block; ``T``
 and ``S`` padded up to the blocks (padded keys masked, padded queries dropped); ``H``
-padded to a power of two. Block geometry and masks are the ones of
-:mod:`tfmjax.kernels.blockwise` (:func:`~tfmjax.kernels.blockwise.block_range`,
-:func:`~tfmjax.kernels.blockwise.block_mask`, i.e. :func:`tfmjax.kernels.masks.allowed`).
+padded to a power of two. Block geometry and masks are those of
+:mod:`tfmjax.kernels.block_geometry` (shared with :mod:`tfmjax.kernels.blockwise`:
+:func:`~tfmjax.kernels.block_geometry.block_range`,
+:func:`~tfmjax.kernels.block_geometry.block_mask`, i.e. :func:`tfmjax.kernels.masks.allowed`).
 
 Limits: the loops over blocks run inside each program, over refs that hold the whole
 sequence of one head (forward and dQ: K and V; dK/dV: Q, dO of the group) — on GPU that

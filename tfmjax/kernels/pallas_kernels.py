@@ -4,7 +4,7 @@
 blocks it can see), ``dkv_kernel`` (per batch, key/value head, key block: loops over the
 group's query heads and their query blocks, on ``S^T``) and ``dq_kernel`` (per batch, query
 head, query block). :class:`KernelStatic` holds everything static about a call; the block
-ranges and masks come from :mod:`tfmjax.kernels.blockwise`.
+ranges and masks come from :mod:`tfmjax.kernels.block_geometry`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tfmjax.kernels import masks
-from tfmjax.kernels.blockwise import (
+from tfmjax.kernels.block_geometry import (
     MASK_VALUE,
     ROW_MAX_INIT,
     BlockRanges,
@@ -25,6 +24,7 @@ from tfmjax.kernels.blockwise import (
     pattern_options,
     pattern_ranges,
 )
+from tfmjax.kernels.masks import alibi_bias
 
 GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
@@ -95,7 +95,7 @@ class _Block:
 
     def scores(self, q, k, q_start, k_start, q_seg, kv_seg, masked):
         """``q [bq,H]``, ``k [bk,H]`` -> float32 scores, masked entries at MASK_VALUE (see
-        :mod:`tfmjax.kernels.blockwise`: no select is needed after the exp)."""
+        :mod:`tfmjax.kernels.block_geometry`: no select is needed after the exp)."""
         st, bq, bk = self.st, self.bq, self.bk
         rows, cols = (k, q) if self.transposed else (q, k)
         s = (
@@ -114,7 +114,7 @@ class _Block:
         kv_pos = kv_pos + k_start
         if self.slope is not None:  # -slope |p - s| is symmetric: rows x cols either way
             row_pos, col_pos = (kv_pos, q_pos) if self.transposed else (q_pos, kv_pos)
-            alibi = masks.alibi_bias(self.slope.reshape(1), row_pos[:, 0], col_pos[0, :])
+            alibi = alibi_bias(self.slope.reshape(1), row_pos[:, 0], col_pos[0, :])
             s = s + alibi.reshape(s.shape)
         if not masked:
             return s

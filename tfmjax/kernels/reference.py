@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from tfmjax.kernels import masks
+from tfmjax.kernels.masks import alibi_bias, dense_mask
 
 
 def attention(
@@ -71,12 +71,10 @@ def probabilities(
     kf = jnp.repeat(kf, N // K, axis=2)  # [B,S,N,H]
     scores = jnp.einsum("BTNH,BSNH->BNTS", qf, kf) * scale
     if alibi_slopes is not None:
-        scores = (
-            scores + masks.alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))[None]
-        )
+        scores = scores + alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))[None]
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
-    mask = masks.dense_mask(
+    mask = dense_mask(
         T,
         S,
         causal=causal,

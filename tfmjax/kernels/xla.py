@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tfmjax.kernels import masks
+from tfmjax.kernels.masks import alibi_bias, dense_mask
 
 
 def attention(
@@ -38,12 +38,12 @@ def attention(
     qg = q.reshape(B, T, K, G, H)
     scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * scale
     if alibi_slopes is not None:
-        alibi = masks.alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))
+        alibi = alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))
         scores = scores + alibi.reshape(1, K, G, T, S)
     if bias is not None:
         bias = jnp.broadcast_to(bias, (bias.shape[0], N, T, S)).astype(jnp.float32)
         scores = scores + bias.reshape(bias.shape[0], K, G, T, S)
-    mask = masks.dense_mask(
+    mask = dense_mask(
         T,
         S,
         causal=causal,

@@ -19,13 +19,15 @@ head's share of the output, before the sum and the bias).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tfmjax.kernels import attention as attention_fn
 from tfmjax.kernels import reference
-from tfmjax.layers import hooks
 from tfmjax.layers.axes import (
     BATCH,
     EMBED,
@@ -36,7 +38,8 @@ from tfmjax.layers.axes import (
     constrain,
     dense_inits,
 )
-from tfmjax.layers.hooks import hook
+from tfmjax.layers.block_config import BlockConfig
+from tfmjax.layers.hooks import edited, hook, wanted
 from tfmjax.layers.positions import apply_rope
 
 
@@ -48,6 +51,13 @@ def init_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype
         "segment_ids": jnp.zeros((batch, max_len), jnp.int32),
         "index": jnp.zeros((), jnp.int32),
     }
+
+
+def kv_cache_bytes(
+    batch: int, num_layers: int, num_kv_heads: int, max_len: int, head_dim: int, dtype=jnp.float32
+) -> int:
+    """``2 · B · L · K · S · H · bytes_per_element``: keys and values of ``L`` layers."""
+    return 2 * batch * num_layers * num_kv_heads * max_len * head_dim * np.dtype(dtype).itemsize
 
 
 def write_cache(cache, arrays: dict, segment_ids):
@@ -96,20 +106,53 @@ class MultiHeadAttention(nn.Module):
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    use_bias: bool = True
+    attention_bias: bool = True  # of the projections
     rope_base: float | None = None  # None: no RoPE
     rope_layout: str = "interleaved"  # or "half_split" (see apply_rope)
     window: int | None = None
-    stride: int | None = None  # Sparse Transformer's strided pattern (see tfmjax.kernels.masks)
+    attention_stride: int | None = None  # Sparse Transformer's pattern (tfmjax.kernels.masks)
     global_tokens: int = 0  # Longformer's global tokens: the first positions see and are seen
     scale: float | None = None  # of the attention logits; None: 1/sqrt(head_dim)
     impl: str = "auto"
     dtype: jnp.dtype = jnp.float32
+    # Separate query, key, value and out kernels per head: the QK/OV circuits of interp.
+    qk_ov_circuits: ClassVar[bool] = True
+
+    @classmethod
+    def from_block_config(cls, c: BlockConfig, name: str, *, cross: bool = False):
+        """The block's softmax attention; ``cross``: no RoPE and no sparse pattern (encoder
+        slots are not decoder positions)."""
+        return cls(
+            c.d_model,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            attention_bias=c.attention_bias,
+            rope_base=None if cross else c.rope_base,
+            rope_layout=c.rope_layout,
+            window=None if cross else c.window,
+            attention_stride=None if cross else c.attention_stride,
+            global_tokens=0 if cross else c.global_tokens,
+            scale=c.attention_scale,
+            impl=c.attention_impl,
+            dtype=c.dtype,
+            name=name,
+        )
+
+    @staticmethod
+    def init_cache(c: BlockConfig, batch: int, capacity: int) -> dict:
+        """One layer's empty KV cache (see the module docstring)."""
+        return init_cache(batch, capacity, c.num_kv_heads, c.head_dim, c.dtype)
+
+    @staticmethod
+    def cache_bytes(c: BlockConfig, batch: int, num_layers: int, capacity: int) -> int:
+        """Bytes of the keys and values of ``num_layers`` layers: ``2·B·L·K·S·H``."""
+        return kv_cache_bytes(batch, num_layers, c.num_kv_heads, capacity, c.head_dim, c.dtype)
 
     def setup(self):
         sizes = (self.d_model, self.num_heads, self.num_kv_heads, self.head_dim)
         self.query, self.key, self.value, self.out = head_projections(
-            *sizes, self.use_bias, self.dtype
+            *sizes, self.attention_bias, self.dtype
         )
 
     def project_kv(self, context):
@@ -155,18 +198,18 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids,
-            **sparse_pattern(self.window, self.stride, self.global_tokens),
+            **sparse_pattern(self.window, self.attention_stride, self.global_tokens),
             alibi_slopes=alibi_slopes,
             bias=bias,
             q_offset=q_offset,
             scale=self.scale,
         )
-        if hooks.wanted(self, "hook_pattern"):
+        if wanted(self, "hook_pattern"):
             out = self._through_pattern(q, k, v, kw)
         else:
             out = attention_fn(q, k, v, **kw, impl=self.impl)
         out = hook(self, "hook_z", out)
-        if hooks.wanted(self, "hook_result"):
+        if wanted(self, "hook_result"):
             return self._through_result(out), cache
         return self.out(out), cache
 
@@ -175,7 +218,7 @@ class MultiHeadAttention(nn.Module):
         is the kernel's unless the pattern is edited: then it is ``pattern · v``."""
         scale = self.head_dim**-0.5 if self.scale is None else self.scale
         pattern = hook(self, "hook_pattern", reference.probabilities(q, k, **dict(kw, scale=scale)))
-        if hooks.edited(self, "hook_pattern"):
+        if edited(self, "hook_pattern"):
             return reference.weighted_values(pattern, v).astype(q.dtype)
         return attention_fn(q, k, v, **kw, impl=self.impl)
 
@@ -185,7 +228,7 @@ class MultiHeadAttention(nn.Module):
         out = self.variables["params"]["out"]
         result = jnp.einsum("BTNH,NHD->BTND", z, out["kernel"].astype(z.dtype))
         result = hook(self, "hook_result", result)
-        if not hooks.edited(self, "hook_result"):
+        if not edited(self, "hook_result"):
             return self.out(z)
         y = jnp.sum(result, axis=2)
-        return y + out["bias"].astype(y.dtype).reshape(1, 1, -1) if self.use_bias else y
+        return y + out["bias"].astype(y.dtype).reshape(1, 1, -1) if self.attention_bias else y

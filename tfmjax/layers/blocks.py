@@ -16,13 +16,12 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import flax.linen as nn
-import jax.numpy as jnp
 
 from tfmjax.layers.attention import MultiHeadAttention
+from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, constrain
+from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.hooks import hook
-from tfmjax.layers.latent_attention import LatentAttention
-from tfmjax.layers.linear_attention import LinearAttention
 from tfmjax.layers.mlp import FeedForward
 from tfmjax.layers.norms import make_norm
 
@@ -43,37 +42,6 @@ class BlockInputs(NamedTuple):
     bias: Any = None  # [1|B, N, T, S] (relative position bias)
     encoded: Any = None  # [B,S,D] encoder output (cross-attention)
     encoded_segment_ids: Any = None  # [B,S]
-
-
-class BlockConfig(NamedTuple):
-    """The hyper-parameters a block needs, read from the model config by ``tfmjax.models``."""
-
-    d_model: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    d_ff: int
-    activation: str = "relu"
-    norm: str = "layernorm"
-    norm_position: str = "pre"
-    norm_eps: float = 1e-5
-    use_bias: bool = True  # attention projections
-    mlp_bias: bool = True
-    dropout_rate: float = 0.0
-    rope_base: float | None = None
-    rope_layout: str = "interleaved"
-    window: int | None = None
-    stride: int | None = None  # strided sparse pattern (self-attention)
-    global_tokens: int = 0  # global tokens (self-attention)
-    attention: str = "softmax"  # self-attention system: softmax, mla, linear
-    kv_rank: int = 0  # mla latent width
-    q_rank: int | None = None  # mla query latent
-    rope_dim: int = 0  # mla decoupled RoPE features
-    feature_map: str = "elu"  # linear attention
-    num_features: int = 64  # linear attention with favor
-    attention_scale: float | None = None  # None: 1/sqrt(head_dim)
-    attention_impl: str = "auto"
-    dtype: Any = jnp.float32
 
 
 def residual(
@@ -102,62 +70,8 @@ class _Block(nn.Module):
     deterministic: bool = True
 
     def _self_attention(self, name: str):
-        """The block's self-attention: softmax (MHA/GQA/MQA), latent (MLA) or linear."""
-        c = self.cfg
-        if c.attention == "mla":
-            return LatentAttention(
-                c.d_model,
-                c.num_heads,
-                c.head_dim,
-                c.kv_rank,
-                q_rank=c.q_rank,
-                rope_dim=c.rope_dim,
-                use_bias=c.use_bias,
-                rope_base=c.rope_base or 10000.0,
-                rope_layout=c.rope_layout,
-                window=c.window,
-                stride=c.stride,
-                global_tokens=c.global_tokens,
-                scale=c.attention_scale,
-                impl=c.attention_impl,
-                norm_eps=c.norm_eps,
-                dtype=c.dtype,
-                name=name,
-            )
-        if c.attention == "linear":
-            return LinearAttention(
-                c.d_model,
-                c.num_heads,
-                c.num_kv_heads,
-                c.head_dim,
-                feature_map=c.feature_map,
-                num_features=c.num_features,
-                use_bias=c.use_bias,
-                rope_base=c.rope_base,
-                rope_layout=c.rope_layout,
-                dtype=c.dtype,
-                name=name,
-            )
-        return self._attention(name)
-
-    def _attention(self, name: str, rope: bool = True, window: bool = True) -> MultiHeadAttention:
-        c = self.cfg
-        return MultiHeadAttention(
-            c.d_model,
-            c.num_heads,
-            c.num_kv_heads,
-            c.head_dim,
-            use_bias=c.use_bias,
-            rope_base=c.rope_base if rope else None,
-            rope_layout=c.rope_layout,
-            window=c.window if window else None,
-            stride=c.stride if window else None,
-            global_tokens=c.global_tokens if window else 0,
-            scale=c.attention_scale,
-            impl=c.attention_impl,
-            dtype=c.dtype,
-            name=name,
-        )
+        """The block's self-attention, of the variant ``cfg.attention``."""
+        return ATTENTION_VARIANTS[self.cfg.attention].from_block_config(self.cfg, name)
 
     def _sublayer(self, x, fn, name: str):
         c = self.cfg
@@ -173,7 +87,14 @@ class _Block(nn.Module):
 
     def _feed_forward(self, x):
         c = self.cfg
-        ff = FeedForward(c.d_ff, c.activation, c.mlp_bias, c.dropout_rate, c.dtype, name="mlp")
+        ff = FeedForward(
+            c.d_ff,
+            c.activation,
+            mlp_bias=c.mlp_bias,
+            dropout_rate=c.dropout_rate,
+            dtype=c.dtype,
+            name="mlp",
+        )
         x, _ = self._sublayer(x, lambda h: (ff(h, deterministic=self.deterministic), None), "mlp")
         return hook(self, "hook_resid_post", x)
 
@@ -231,7 +152,7 @@ class DecoderBlock(_Block):
         )
         x = hook(self, "hook_resid_mid", x)
         # No RoPE and no sparse pattern across sequences: encoder slots are not decoder positions.
-        cross = self._attention("cross_attention", rope=False, window=False)
+        cross = MultiHeadAttention.from_block_config(self.cfg, "cross_attention", cross=True)
         cross_kv = None
         if cache is not None:
             cross_kv = cache.get("cross") or dict(

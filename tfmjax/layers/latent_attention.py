@@ -22,12 +22,16 @@ like :mod:`tfmjax.layers.attention`'s (no ``"v"``: the latent is both).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from tfmjax.kernels import attention as attention_fn
 from tfmjax.layers.attention import sparse_pattern, write_cache
 from tfmjax.layers.axes import EMBED, HEAD_WIDTH, HEADS, dense_inits, named
+from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.norms import RMSNorm
 from tfmjax.layers.positions import apply_rope
 
@@ -56,20 +60,56 @@ class LatentAttention(nn.Module):
     kv_rank: int
     q_rank: int | None = None  # None: queries straight from x
     rope_dim: int = 0  # decoupled RoPE features per head (0: no RoPE)
-    use_bias: bool = True  # of the down-projections and the output projection
+    attention_bias: bool = True  # of the down-projections and the output projection
     rope_base: float = 10000.0
     rope_layout: str = "interleaved"
     window: int | None = None
-    stride: int | None = None
+    attention_stride: int | None = None
     global_tokens: int = 0
     scale: float | None = None
     impl: str = "auto"
     norm_eps: float = 1e-6
     dtype: jnp.dtype = jnp.float32
+    qk_ov_circuits: ClassVar[bool] = False  # keys and values come from a shared latent
+
+    @classmethod
+    def from_block_config(cls, c: BlockConfig, name: str):
+        """The block's MLA self-attention (RoPE base 10000 when the model has none)."""
+        return cls(
+            c.d_model,
+            c.num_heads,
+            c.head_dim,
+            c.kv_rank,
+            q_rank=c.q_rank,
+            rope_dim=c.rope_dim,
+            attention_bias=c.attention_bias,
+            rope_base=c.rope_base or 10000.0,
+            rope_layout=c.rope_layout,
+            window=c.window,
+            attention_stride=c.attention_stride,
+            global_tokens=c.global_tokens,
+            scale=c.attention_scale,
+            impl=c.attention_impl,
+            norm_eps=c.norm_eps,
+            dtype=c.dtype,
+            name=name,
+        )
+
+    @staticmethod
+    def init_cache(c: BlockConfig, batch: int, capacity: int) -> dict:
+        """One layer's empty cache: the latent and RoPE key ``[B,1,S,R+Hr]``."""
+        return init_latent_cache(batch, capacity, c.kv_rank, c.rope_dim, c.dtype)
+
+    @staticmethod
+    def cache_bytes(c: BlockConfig, batch: int, num_layers: int, capacity: int) -> int:
+        """Bytes of the latent caches of ``num_layers`` layers: ``B·L·S·(R+Hr)``."""
+        size = np.dtype(c.dtype).itemsize
+        return batch * num_layers * capacity * (c.kv_rank + c.rope_dim) * size
 
     def setup(self):
         N, H, R, Hr = self.num_heads, self.head_dim, self.kv_rank, self.rope_dim
-        dense = lambda features, name, kernel, bias, axis=-1, use_bias=self.use_bias: (  # noqa: E731
+        biased = self.attention_bias
+        dense = lambda features, name, kernel, bias, axis=-1, use_bias=biased: (  # noqa: E731
             nn.DenseGeneral(
                 features,
                 axis=axis,
@@ -131,7 +171,7 @@ class LatentAttention(nn.Module):
             causal=causal,
             alibi_slopes=alibi_slopes,
             bias=bias,
-            **sparse_pattern(self.window, self.stride, self.global_tokens),
+            **sparse_pattern(self.window, self.attention_stride, self.global_tokens),
             scale=(1.0 / self.head_dim**0.5) if self.scale is None else self.scale,
             impl=self.impl,
         )

@@ -17,9 +17,12 @@ separated, so train on padded, not packed, batches.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tfmjax.kernels.linear import (
     favor_projection,
@@ -28,6 +31,7 @@ from tfmjax.kernels.linear import (
     linear_attention_step,
 )
 from tfmjax.layers.attention import head_projections
+from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.positions import apply_rope
 
 PROJECTION_SEED = 0  # FAVOR+'s fixed random features
@@ -50,15 +54,52 @@ class LinearAttention(nn.Module):
     head_dim: int
     feature_map: str = "elu"
     num_features: int = 64  # favor only
-    use_bias: bool = True
+    attention_bias: bool = True
     rope_base: float | None = None
     rope_layout: str = "interleaved"
     dtype: jnp.dtype = jnp.float32
+    qk_ov_circuits: ClassVar[bool] = False  # a feature map, not a softmax, between q and k
+
+    @classmethod
+    def from_block_config(cls, c: BlockConfig, name: str):
+        """The block's linear self-attention (no sparse pattern, no score scale)."""
+        return cls(
+            c.d_model,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            feature_map=c.feature_map,
+            num_features=c.num_features,
+            attention_bias=c.attention_bias,
+            rope_base=c.rope_base,
+            rope_layout=c.rope_layout,
+            dtype=c.dtype,
+            name=name,
+        )
+
+    @staticmethod
+    def state_features(c: BlockConfig) -> int:
+        """Features ``F`` of the feature map: the head width (elu) or ``num_features``."""
+        return c.num_features if c.feature_map == "favor" else c.head_dim
+
+    @classmethod
+    def init_cache(cls, c: BlockConfig, batch: int, capacity: int) -> dict:
+        """One layer's empty state ``s [B,K,F,H]``, ``z [B,K,F]``, ``m [B,K]`` (``capacity``
+        does not matter: the state never grows)."""
+        F = cls.state_features(c)
+        return init_linear_cache(batch, c.num_kv_heads, F, c.head_dim, c.dtype)
+
+    @classmethod
+    def cache_bytes(cls, c: BlockConfig, batch: int, num_layers: int, capacity: int) -> int:
+        """Bytes of the states of ``num_layers`` layers: ``B·L·K·F·(H+1)`` in ``dtype`` plus
+        the float32 log scale ``B·L·K·4`` (no ``S``)."""
+        F, size = cls.state_features(c), np.dtype(c.dtype).itemsize
+        return batch * num_layers * c.num_kv_heads * (F * (c.head_dim + 1) * size + 4)
 
     def setup(self):
         sizes = (self.d_model, self.num_heads, self.num_kv_heads, self.head_dim)
         self.query, self.key, self.value, self.out = head_projections(
-            *sizes, self.use_bias, self.dtype
+            *sizes, self.attention_bias, self.dtype
         )
 
     def projection(self):

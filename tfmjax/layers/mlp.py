@@ -32,7 +32,7 @@ class FeedForward(nn.Module):
 
     d_ff: int
     activation: str = "relu"
-    use_bias: bool = True
+    mlp_bias: bool = True  # of every dense layer
     dropout_rate: float = 0.0
     dtype: jnp.dtype = jnp.float32
 
@@ -41,7 +41,7 @@ class FeedForward(nn.Module):
         dense = (
             lambda features, name, axes: nn.Dense(  # noqa: E731
                 features,
-                use_bias=self.use_bias,
+                use_bias=self.mlp_bias,
                 dtype=self.dtype,
                 name=name,
                 **dense_inits(axes, axes[1:]),

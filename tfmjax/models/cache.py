@@ -30,14 +30,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-
-
-def kv_cache_bytes(
-    batch: int, num_layers: int, num_kv_heads: int, max_len: int, head_dim: int, dtype=jnp.float32
-) -> int:
-    """``2 · B · L · K · S · H · bytes_per_element``: keys and values of ``L`` layers."""
-    return 2 * batch * num_layers * num_kv_heads * max_len * head_dim * np.dtype(dtype).itemsize
 
 
 def _self_attention(layer: dict) -> dict:

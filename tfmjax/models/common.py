@@ -5,28 +5,26 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from tfmjax.config import DTYPES as config_dtypes
 from tfmjax.config import ModelConfig
-from tfmjax.layers.attention import init_cache
+from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, VOCAB, constrain, dense_inits, named
-from tfmjax.layers.blocks import BlockConfig
+from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.embeddings import TokenEmbedding
 from tfmjax.layers.hooks import hook
-from tfmjax.layers.latent_attention import init_latent_cache
-from tfmjax.layers.linear_attention import init_linear_cache
 from tfmjax.layers.mlp import PLAIN
 from tfmjax.layers.norms import make_norm
 from tfmjax.layers.positions import LearnedPositions, RelativePositionBias, alibi_slopes, sinusoidal
 from tfmjax.layers.stack import LayerStack
-from tfmjax.models.cache import kv_cache_bytes
 
 DTYPES = {name: jnp.dtype(name) for name in config_dtypes}  # model.dtype -> compute dtype
 
 
 def block_config(cfg: ModelConfig) -> BlockConfig:
-    """The block hyper-parameters of a model config."""
+    """The block hyper-parameters of a model config, under the config's own names (its
+    defaults resolved: ``head_dim`` is ``cfg.head_width``, ``kv_rank`` ``cfg.latent_kv_rank``,
+    ...)."""
     return BlockConfig(
         d_model=cfg.d_model,
         num_heads=cfg.num_heads,
@@ -37,13 +35,13 @@ def block_config(cfg: ModelConfig) -> BlockConfig:
         norm=cfg.norm,
         norm_position=cfg.norm_position,
         norm_eps=cfg.norm_eps,
-        use_bias=cfg.attention_uses_bias,
+        attention_bias=cfg.attention_uses_bias,
         mlp_bias=cfg.mlp_uses_bias,
         dropout_rate=cfg.dropout_rate,
         rope_base=cfg.rope_base if cfg.position == "rope" else None,
         rope_layout=cfg.rope_layout,
         window=cfg.window,
-        stride=cfg.attention_stride,
+        attention_stride=cfg.attention_stride,
         global_tokens=cfg.global_tokens,
         attention=cfg.attention,
         kv_rank=cfg.latent_kv_rank,
@@ -51,42 +49,23 @@ def block_config(cfg: ModelConfig) -> BlockConfig:
         rope_dim=cfg.mla_rope_dim,
         feature_map=cfg.feature_map,
         num_features=cfg.num_features,
-        attention_scale=None if cfg.scale_attention else 1.0,
+        scale_attention=cfg.scale_attention,
         attention_impl=cfg.attention_impl,
         dtype=DTYPES[cfg.dtype],
     )
 
 
 def init_self_attention_cache(cfg: ModelConfig, batch: int, capacity: int) -> dict:
-    """One layer's empty decoding cache for ``cfg.attention``: keys and values ``[B,K,S,H]``
-    (softmax), the latent and RoPE key ``[B,1,S,R+Hr]`` (mla), or the constant-size state
-    ``s [B,K,F,H]``, ``z [B,K,F]`` (linear; ``capacity`` does not matter)."""
-    dtype = DTYPES[cfg.dtype]
-    if cfg.attention == "mla":
-        return init_latent_cache(batch, capacity, cfg.latent_kv_rank, cfg.mla_rope_dim, dtype)
-    if cfg.attention == "linear":
-        return init_linear_cache(batch, cfg.kv_heads, linear_features(cfg), cfg.head_width, dtype)
-    return init_cache(batch, capacity, cfg.kv_heads, cfg.head_width, dtype)
-
-
-def linear_features(cfg: ModelConfig) -> int:
-    """Features ``F`` of linear attention's map: the head width (elu) or ``num_features``."""
-    return cfg.num_features if cfg.feature_map == "favor" else cfg.head_width
+    """One layer's empty decoding cache for the variant ``cfg.attention`` (its module's
+    ``init_cache``: e.g. keys and values ``[B,K,S,H]`` for softmax)."""
+    return ATTENTION_VARIANTS[cfg.attention].init_cache(block_config(cfg), batch, capacity)
 
 
 def cache_bytes(cfg: ModelConfig, batch: int, num_layers: int, capacity: int) -> int:
-    """Bytes of the self-attention decoding cache (segment ids and indices aside), from the
-    formula: softmax ``2·B·L·K·S·H``, mla ``B·L·S·(R+Hr)``, linear ``B·L·K·F·(H+1)`` (no S),
-    times the bytes of ``cfg.dtype`` (linear: plus its float32 log scale ``B·L·K·4``)."""
-    size = np.dtype(DTYPES[cfg.dtype]).itemsize
-    if cfg.attention == "mla":
-        return batch * num_layers * capacity * (cfg.latent_kv_rank + cfg.mla_rope_dim) * size
-    if cfg.attention == "linear":
-        F = linear_features(cfg)
-        return batch * num_layers * cfg.kv_heads * (F * (cfg.head_width + 1) * size + 4)
-    return kv_cache_bytes(
-        batch, num_layers, cfg.kv_heads, capacity, cfg.head_width, DTYPES[cfg.dtype]
-    )
+    """Bytes of the self-attention decoding cache of ``num_layers`` layers (segment ids and
+    indices aside), by the formula of the variant ``cfg.attention`` (its ``cache_bytes``)."""
+    variant = ATTENTION_VARIANTS[cfg.attention]
+    return variant.cache_bytes(block_config(cfg), batch, num_layers, capacity)
 
 
 def make_stack(cfg: ModelConfig, block, num_layers: int, deterministic: bool, name: str, **kw):

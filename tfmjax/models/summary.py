@@ -11,7 +11,7 @@ import numpy as np
 from flax import traverse_util
 
 from tfmjax.config import ModelConfig
-from tfmjax.models import build
+from tfmjax.models.builder import build
 
 
 def param_shapes(config: ModelConfig) -> dict:

@@ -14,7 +14,9 @@ A lost peer: each process publishes a heartbeat in the runtime's key-value store
 second and reads the others' (:class:`PeerWatch`). When a peer's has not moved for
 ``--peer-timeout`` seconds, or the coordinator stops answering for as long, the process
 prints one line and exits :data:`LOST_PEER_EXIT`, even from inside a collective that will
-never finish. JAX's own heartbeat check is set to twice that, as the backstop.
+never finish. JAX's own heartbeat check is set to twice that, as the backstop. An error
+that follows a peer's loss (a save or a collective broken by it, as gloo's "connection
+closed by peer") ends the same way: :func:`fail` settles first whether a peer is gone.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ ENV = {
 LOST_PEER_EXIT = 3
 DEFAULT_PEER_TIMEOUT = 60.0
 _PREFIX = "tfmjax/"
+_joined: list = []  # the PeerWatch of this process's run, while it is joined (at most one)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +114,7 @@ def join(args) -> PeerWatch | None:
         return None
     watch = PeerWatch(jax.process_index(), jax.process_count(), args.peer_timeout)
     watch.start()
+    _joined[:] = [watch]
     return watch
 
 
@@ -164,10 +168,16 @@ class PeerWatch:
     it, is gone), ends this process with one line on stderr and exit :data:`LOST_PEER_EXIT`.
     """
 
-    def __init__(self, me: int, count: int, timeout: float, interval: float = 1.0):
+    def __init__(self, me: int, count: int, timeout: float, interval: float = 1.0, client=None):
         self.me, self.count, self.timeout, self.interval = me, count, timeout, interval
-        self.client = jax._src.distributed.global_state.client  # noqa: SLF001 (no public handle)
+        # the runtime's key-value store (no public handle); a stand-in in tests
+        self.client = client or jax._src.distributed.global_state.client  # noqa: SLF001
         self._stop = threading.Event()
+        # peer -> (its last beat seen, when it last changed); written by the watch thread
+        start = time.monotonic()
+        self._last = {p: (None, start) for p in range(count) if p != me}
+        self._done: set[int] = set()  # peers that ended cleanly
+        self.failed_together: bool | None = None  # set once, by settle_failure
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="peer-watch", daemon=True).start()
@@ -187,9 +197,8 @@ class PeerWatch:
 
     def _run(self) -> None:
         self._beat = 0
-        now = time.monotonic()
-        last = {p: (None, now) for p in range(self.count) if p != self.me}
-        answered = now
+        last = self._last
+        answered = time.monotonic()
         while not self._stop.wait(self.interval):
             self._beat += 1
             now = time.monotonic()
@@ -202,12 +211,45 @@ class PeerWatch:
             answered = now
             for peer, (beat, since) in last.items():
                 if store.get(f"{_PREFIX}done/{peer}"):
+                    self._done.add(peer)
                     continue
                 value = store.get(f"{_PREFIX}beat/{peer}")
                 if value != beat:
                     last[peer] = (value, now)
                 elif now - since > self.timeout:
                     self._lost(peer, f"process {peer}")
+
+    def silent_peers(self, longer_than: float) -> list[int]:
+        """The peers whose beat has not moved for ``longer_than`` seconds, those that said
+        they finished (:meth:`finish`) aside."""
+        now = time.monotonic()
+        return [
+            p
+            for p, (_, since) in list(self._last.items())
+            if p not in self._done and now - since > longer_than
+        ]
+
+    def settle_failure(self, wait: float = 5.0) -> None:
+        """This process is about to end on an error: decide what the error means, once.
+
+        The processes that all hit it (a bad config fails everywhere) meet at a barrier
+        within ``wait`` seconds: ``failed_together``, the error is theirs. Otherwise, when a
+        peer has been silent through that wait, the error likely follows its loss (a save
+        whose gloo gather lost its peer): wait for this watch's verdict, which exits
+        :data:`LOST_PEER_EXIT` with the lost-peer line, up to the timeout. A peer that
+        beats again, or peers that never stopped, mean the error is this process's alone.
+        """
+        if self.failed_together is not None:
+            return
+        try:
+            self.client.wait_at_barrier(f"{_PREFIX}failed", int(wait * 1000))
+            self.failed_together = True
+            return
+        except Exception:  # noqa: BLE001  (a peer did not come: still running, or gone)
+            self.failed_together = False
+        deadline = time.monotonic() + self.timeout + 3 * self.interval
+        while self.silent_peers(longer_than=2 * self.interval) and time.monotonic() < deadline:
+            time.sleep(self.interval / 4)  # the watch thread exits the process if it is lost
 
     def _lost(self, peer: int, who: str) -> None:
         if self._stop.is_set():
@@ -234,8 +276,24 @@ def run_joined(args, body) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    code = body()
+    try:
+        code = body()
+    except Exception:
+        if watch is not None:
+            watch.settle_failure()  # a lost peer's line wins over this traceback
+        raise
     end(watch, code)
+    return code
+
+
+def fail(line: str, code: int) -> int:
+    """Print ``line``, the error that ends this process, and return ``code``. With several
+    processes, :meth:`PeerWatch.settle_failure` runs first, so an error that follows a
+    peer's loss ends as that loss (exit :data:`LOST_PEER_EXIT`), while an error every
+    process hits is printed at once."""
+    if _joined:
+        _joined[0].settle_failure()
+    print(line, file=sys.stderr)
     return code
 
 
@@ -249,10 +307,10 @@ def end(watch: PeerWatch | None, code: int, wait: float = 5.0) -> None:
     if code == 0:
         watch.finish()
         return
-    try:
-        watch.client.wait_at_barrier(f"{_PREFIX}failed", int(wait * 1000))
+    watch.settle_failure(wait)  # at once when fail() has settled it already
+    if watch.failed_together:
         watch.finish()
-    except Exception:  # noqa: BLE001  (the others are still running)
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(code)
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

@@ -1,4 +1,4 @@
-"""Training: state, schedules, optimizer, pure steps, the loop, logging.
+"""Training: state, schedules, optimizer, pure steps, building a run, stopping, the loop.
 
     from tfmjax.train import train          # the loop (resumes from the workdir)
     from tfmjax.train import TrainState, make_train_step, make_eval_step
@@ -18,8 +18,10 @@ _EXPORTS = {
     "make_eval_step": "tfmjax.train.step",
     "jit_train_step": "tfmjax.train.step",
     "train": "tfmjax.train.loop",
-    "build_run": "tfmjax.train.loop",
     "NonFiniteLossError": "tfmjax.train.loop",
+    "build_run": "tfmjax.train.run",
+    "StopSignals": "tfmjax.train.stopping",
+    "Interrupted": "tfmjax.train.stopping",
     "plot_metrics": "tfmjax.train.plots",
 }
 

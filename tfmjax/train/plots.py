@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from tfmjax.train.metrics_log import METRICS_FILE, read_records
+from tfmjax.reporting.metrics_log import METRICS_FILE, read_records
 
 PLOT_FILE = "metrics.png"
 

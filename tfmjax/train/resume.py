@@ -1,4 +1,5 @@
-"""Resuming into a workdir that already holds a run: which config changes a resume applies.
+"""Resuming into a workdir that already holds a run: which config changes a resume applies,
+and the state it starts from (:func:`restore`: the newest good checkpoint, or step 0).
 
 A rerun compares the config saved in the newest checkpoint with the new one:
 
@@ -13,8 +14,13 @@ A rerun compares the config saved in the newest checkpoint with the new one:
 
 from __future__ import annotations
 
-from tfmjax.checkpoint import CheckpointError
+import jax
+
+from tfmjax.checkpoint import Checkpointer, CheckpointError, load_config
 from tfmjax.config import Experiment, changes
+from tfmjax.parallel.processes import to_host
+from tfmjax.train.run import Run
+from tfmjax.train.state import abstract_state, create_state, with_params_from
 
 # Fields a resume may change: they decide how long the run goes and what it writes, not what
 # a training step computes (train.steps also stretches a decaying learning-rate schedule).
@@ -54,3 +60,22 @@ def check_resume(saved: dict, now: Experiment, step: int, *, override: bool) -> 
             "this one with the new settings: --override-config"
         )
     return allowed + refused
+
+
+def restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
+    """``(state, step, changes)``: the newest good checkpoint (or a fresh state, step 0) and
+    the config changes this resume applies (see :func:`check_resume`)."""
+    exp = run.experiment
+    target = abstract_state(run.model, run.tx, sample, exp.train.seed, run.state_shardings)
+    latest = ckpt.latest_step()
+    if latest is None:
+        state = create_state(run.model, run.tx, sample, exp.train.seed, run.state_shardings)
+        if exp.train.init_from:
+            state, _ = with_params_from(state, exp.train.init_from, run.tx)
+            # via the host: the loaded params sit on one device, the mesh may span processes
+            state = jax.device_put(to_host(state), run.state_shardings)
+        return state, 0, []
+    saved = load_config(ckpt.directory)
+    applied = check_resume(saved, exp, latest, override=override)
+    state, step = ckpt.restore(target, config=None if override else exp.to_dict())
+    return state, step, applied

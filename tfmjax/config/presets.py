@@ -1,11 +1,16 @@
 """Named model presets as plain data: ``model.preset = "gpt2-small"`` in a config.
 
-Full-size models from the papers, and tiny twins for tests. Each entry holds
-:class:`tfmjax.config.ModelConfig` fields; :func:`tfmjax.config.get_preset` builds the config.
-This module imports nothing, so the config module can read it.
+Full-size models from the papers, and tiny twins for tests. Each entry of :data:`PRESETS`
+holds :class:`~tfmjax.config.model.ModelConfig` fields; :func:`get_preset` builds the config.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import difflib
+
+from tfmjax.config.errors import ConfigError
+from tfmjax.config.model import ModelConfig
 
 _VASWANI = dict(
     family="encoder_decoder",
@@ -88,3 +93,17 @@ PRESETS: dict[str, dict] = {
     # Linear attention with the elu+1 feature map (Katharopoulos et al. 2020).
     "tiny-linear": dict(_GPT2, **_TINY, attention="linear", feature_map="elu"),
 }
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The :class:`ModelConfig` of a preset name."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"model.preset={name!r} is unknown{hint}; presets: {', '.join(PRESETS)}")
+    return ModelConfig(**PRESETS[name])
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """A preset with some fields replaced, e.g. ``preset("tiny-gpt2", position="alibi")``."""
+    return dataclasses.replace(get_preset(name), **overrides)

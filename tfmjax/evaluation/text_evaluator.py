@@ -1,7 +1,7 @@
 """Evaluation on a text corpus: validation loss, perplexity, bits per character, samples.
 
 ``TextEvaluator(model_config, source, ...)(params) -> (metrics, rows)``, the text twin of
-:class:`tfmjax.evaluator.Evaluator`, over fixed validation windows
+:class:`tfmjax.evaluation.evaluator.Evaluator`, over fixed validation windows
 (:class:`tfmjax.data.text.TextSource`). Metrics (teacher-forced, over every target token):
   loss, perplexity   NLL per token (nats) and exp of it: these depend on the tokenizer;
   bits_per_char      total NLL / ln 2 / characters those tokens spell (EOS counts as one):
@@ -29,7 +29,7 @@ from tfmjax.data.text import TextSource
 from tfmjax.data.tokenizers import decode
 from tfmjax.data.vocab import MASK_ID, RESERVED_TOKENS
 from tfmjax.decode import TopK, generate
-from tfmjax.evaluator import EVAL_SEED, NUM_ROWS, Evaluator, row_sums
+from tfmjax.evaluation.evaluator import EVAL_SEED, NUM_ROWS, Evaluator, row_sums
 from tfmjax.models import build
 from tfmjax.parallel.processes import to_host
 

@@ -1,7 +1,7 @@
 """Evaluation on a task: teacher-forced loss and accuracy, decoded sequence exact-match.
 
 ``Evaluator(model_config, task, ...)(params) -> (metrics, rows)`` is what the training
-loop calls every ``train.eval_every`` steps and what :mod:`tfmjax.evaluate` (``eval.py``)
+loop calls every ``train.eval_every`` steps and what :mod:`tfmjax.evaluation.report` (``eval.py``)
 calls on a checkpoint. It asks the model family how to read a batch (targets and loss mask,
 prompts, reference answers: :mod:`tfmjax.models.family`).
 

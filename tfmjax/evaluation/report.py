@@ -2,7 +2,7 @@
 
 What ``eval.py`` runs: load the params and config a checkpoint holds (the step actually
 loaded is the one reported), rebuild the task (a text task with the tokenizer the checkpoint
-holds) and score it with :func:`tfmjax.text_evaluator.make_evaluator`'s evaluator.
+holds) and score it with :func:`tfmjax.evaluation.text_evaluator.make_evaluator`'s evaluator.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tfmjax.evaluator import NUM_ROWS
+from tfmjax.evaluation.evaluator import NUM_ROWS
 
 
 def evaluate_checkpoint(
@@ -31,8 +31,8 @@ def evaluate_checkpoint(
     """
     from tfmjax.checkpoint import load_for_inference, open_checkpoint_source, workdir_of
     from tfmjax.config import ConfigError, from_dict
+    from tfmjax.evaluation.text_evaluator import make_evaluator
     from tfmjax.models.checks import InputError
-    from tfmjax.text_evaluator import make_evaluator
 
     path = Path(path)
     config, params, step = load_for_inference(path)
@@ -80,7 +80,7 @@ def format_report(report: dict) -> str:
         lines.append(f"{key:<15} {report[key]:.4f}")
     rows = report["examples"]
     if rows and "correct" not in rows[0]:  # a text task: samples or masked-LM fill-ins
-        from tfmjax.train.metrics_log import format_sample
+        from tfmjax.reporting.console import format_sample
 
         lines += ["", "samples" if "continuation" in rows[0] else "fill-ins"]
         lines += [format_sample(row, width=1000) for row in rows]

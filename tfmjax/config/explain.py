@@ -1,8 +1,8 @@
 """Every config key with its type, value and help; the tasks and the presets.
 
-python -m tfmjax.explain                          # the defaults
-python -m tfmjax.explain configs/reverse.toml     # the values this experiment uses
-python -m tfmjax.explain configs/reverse.toml model.preset=gpt2-small
+python -m tfmjax.config.explain                          # the defaults
+python -m tfmjax.config.explain configs/reverse.toml     # the values this experiment uses
+python -m tfmjax.config.explain configs/reverse.toml model.preset=gpt2-small
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ import dataclasses
 import sys
 import typing
 
-from tfmjax.config import PRESETS, SECTIONS, ConfigError, Experiment, load
+from tfmjax.config.errors import ConfigError
+from tfmjax.config.fields import help_of
+from tfmjax.config.loading import load
+from tfmjax.config.presets import PRESETS
+from tfmjax.config.sections import SECTIONS, Experiment
 from tfmjax.data import TASK_NAMES, task_defaults
 from tfmjax.data.text import CORPORA, TextParams
-from tfmjax.field_help import FIELD_HELP
 
 
 def _type_name(hint) -> str:
@@ -26,7 +29,8 @@ def _type_name(hint) -> str:
 
 
 def keys_table(experiment: Experiment) -> str:
-    """``section.key  type  value  help`` for every field of every section."""
+    """``section.key  type  value  help`` for every field of every section (the help sits
+    beside each field, in its metadata)."""
     rows = []
     for section, cls in SECTIONS.items():
         hints = typing.get_type_hints(cls)
@@ -38,7 +42,7 @@ def keys_table(experiment: Experiment) -> str:
                     key,
                     _type_name(hints[f.name]),
                     repr(getattr(values, f.name)),
-                    FIELD_HELP.get(key, ""),
+                    help_of(f),
                 )
             )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
@@ -70,7 +74,7 @@ def presets_table() -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tfmjax.explain",
+        prog="python -m tfmjax.config.explain",
         description=__doc__.splitlines()[0],
         epilog="Overrides are section.key=value, e.g. train.steps=500 or "
         "data.task_params.max_len=8.",

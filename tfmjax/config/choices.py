@@ -1,0 +1,25 @@
+"""The valid names of each enumerated config field.
+
+Each tuple is the one list of names; the registries that implement them
+(tfmjax.models.FAMILIES, tfmjax.kernels.IMPLS, tfmjax.train.schedules, the evaluator's
+metrics) are checked against it in tests/test_registries.py.
+"""
+
+FAMILIES = ("encoder_decoder", "decoder_only", "encoder_only")
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative", "none")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
+PAIR_LAYOUTS = ("interleaved", "half_split")  # model.rope_layout, model.sinusoidal_layout
+ATTENTION_IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
+FEATURE_MAPS = ("elu", "favor")  # model.feature_map of linear attention
+DTYPES = ("float32", "bfloat16")
+SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
+MESH_AXES = ("data", "fsdp", "tensor")  # mesh.data, mesh.fsdp, mesh.tensor, in this order
+RULE_SETS = ("standard", "replicated")  # mesh.rules: see tfmjax.parallel.rules
+EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity", "bits_per_char")
+LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_char")
+
+# model.attention: the self-attention system, the keys of the variants table
+# (tfmjax.layers.attention_variants.ATTENTION_VARIANTS), which tests/test_registries.py pins.
+ATTENTIONS = ("softmax", "mla", "linear")

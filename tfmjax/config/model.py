@@ -1,0 +1,332 @@
+"""The architecture section, ``[model]``: :class:`ModelConfig`, its checks and derived widths."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tfmjax.config.checks import check_types, one_of, positive, require
+from tfmjax.config.choices import (
+    ACTIVATIONS,
+    ATTENTION_IMPLS,
+    ATTENTIONS,
+    DTYPES,
+    FAMILIES,
+    FEATURE_MAPS,
+    NORM_POSITIONS,
+    NORMS,
+    PAIR_LAYOUTS,
+    POSITIONS,
+)
+from tfmjax.config.fields import option
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture. Only ``tfmjax/models/`` reads this."""
+
+    family: str = option("encoder_decoder", help="encoder_decoder, decoder_only or encoder_only")
+    vocab_size: int = option(32, help="token ids are 0 .. vocab_size-1 (0 = PAD, 1 = BOS)")
+    d_model: int = option(64, help="width D of the residual stream")
+    num_heads: int = option(4, help="query heads N")
+    num_kv_heads: int | None = option(
+        None, help="key/value heads K: none = num_heads (MHA), 1 = MQA, else GQA"
+    )
+    head_dim: int | None = option(None, help="head width H; none = d_model // num_heads")
+    scale_attention: bool = option(
+        True, help="divide attention logits by sqrt(head width); T5 does not"
+    )
+    d_ff: int = option(256, help="feed-forward width F")
+    num_layers: int = option(
+        2, help="encoder layers (and decoder layers unless num_decoder_layers is set)"
+    )
+    num_decoder_layers: int | None = option(None, help="encoder_decoder only; none = num_layers")
+    max_len: int = option(
+        256, help="longest sequence the model accepts (size of a learned position table)"
+    )
+    position: str = option(
+        "sinusoidal", help="sinusoidal, learned, rope, alibi, relative (T5 buckets) or none"
+    )
+    sinusoidal_layout: str = option(
+        "interleaved", help="sinusoidal features: interleaved sin/cos pairs or half_split"
+    )
+    position_offset: int = option(0, help="learned positions start at this table row (BART: 2)")
+    rope_base: float = option(10000.0, help="RoPE frequency base")
+    rope_layout: str = option(
+        "interleaved",
+        help="RoPE feature pairs: interleaved (2i, 2i+1) or half_split (i, i+H/2; HF)",
+    )
+    relative_buckets: int = option(32, help="T5 relative position buckets")
+    relative_max_distance: int = option(128, help="T5 distance beyond which buckets are shared")
+    norm: str = option("layernorm", help="layernorm or rmsnorm")
+    norm_position: str = option(
+        "pre", help="pre (norm inside each residual branch) or post (after the sum)"
+    )
+    norm_eps: float = option(1e-5, help="epsilon of the norms")
+    activation: str = option(
+        "relu", help="relu, gelu (exact), gelu_tanh, silu; gated: swiglu, geglu, geglu_tanh"
+    )
+    use_bias: bool = option(True, help="biases in the dense layers")
+    attention_bias: bool | None = option(
+        None, help="biases in the attention projections; none = use_bias"
+    )
+    mlp_bias: bool | None = option(None, help="biases in the feed-forward layers; none = use_bias")
+    tie_embeddings: bool = option(True, help="the output projection reuses the token embedding")
+    scale_tied_output: bool = option(
+        False, help="multiply by d_model^-0.5 before a tied output projection (T5)"
+    )
+    scale_embeddings: bool = option(False, help="multiply token embeddings by sqrt(d_model)")
+    type_vocab_size: int = option(
+        0, help="BERT segment embeddings (batch key token_types); 0 = none"
+    )
+    embed_norm: bool = option(
+        False, help="a norm after summing the embeddings (BERT, BART's layernorm_embedding)"
+    )
+    per_side_embeddings: bool = option(
+        False, help="encoder_decoder: own position table and embed norm per side"
+    )
+    mlm_head: bool = option(
+        False, help="masked-LM transform before the output: dense, activation, norm (BERT)"
+    )
+    output_bias: bool = option(
+        False, help="a learned bias [V] on the logits (BERT, BART's final_logits_bias)"
+    )
+    dropout_rate: float = option(0.0, help="residual dropout: embeddings and every sublayer output")
+    window: int | None = option(
+        None, help="sliding-window attention: past positions a query sees; none = all"
+    )
+    attention_stride: int | None = option(
+        None,
+        help="Sparse Transformer strided pattern: |p-s| < stride or "
+        "(p-s) % stride == 0; none = off",
+    )
+    global_tokens: int = option(
+        0, help="Longformer global tokens: the first N positions see and are seen by all"
+    )
+    attention: str = option(
+        "softmax", help="self-attention system: softmax, mla (latent KV) or linear (kernelised)"
+    )
+    kv_rank: int | None = option(
+        None, help="mla: latent width R of keys/values (none: 4 head widths)"
+    )
+    q_rank: int | None = option(
+        None, help="mla: latent width of queries (none: no query compression)"
+    )
+    rope_dim: int | None = option(
+        None, help="mla with rope: decoupled RoPE features per head (none: half a head)"
+    )
+    feature_map: str = option(
+        "elu", help="linear attention feature map: elu (elu+1) or favor (FAVOR+)"
+    )
+    num_features: int = option(64, help="linear attention with favor: random features F")
+    attention_impl: str = option("auto", help="auto, reference, xla, blockwise or pallas")
+    scan_layers: bool = option(
+        True, help="scan the layer stack (one compiled layer) instead of unrolling it"
+    )
+    remat: bool = option(False, help="recompute activations in the backward pass to save memory")
+    dtype: str = option(
+        "float32", help="compute dtype (float32 or bfloat16); parameters stay float32"
+    )
+    bos_id: int = option(1, help="the id decoders are fed first")
+
+    def __post_init__(self):
+        check_types("model", self)
+        self._check_names_and_ranges()
+        self._check_attention_system()
+        self._check_heads_and_positions()
+        self._check_embeddings_and_layers()
+
+    def _check_names_and_ranges(self) -> None:
+        """Enumerated fields name a valid option; sizes are positive."""
+        one_of("model.family", self.family, FAMILIES)
+        one_of("model.position", self.position, POSITIONS)
+        one_of("model.norm", self.norm, NORMS)
+        one_of("model.norm_position", self.norm_position, NORM_POSITIONS)
+        one_of("model.activation", self.activation, ACTIVATIONS)
+        one_of("model.rope_layout", self.rope_layout, PAIR_LAYOUTS)
+        one_of("model.sinusoidal_layout", self.sinusoidal_layout, PAIR_LAYOUTS)
+        one_of("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        one_of("model.attention", self.attention, ATTENTIONS)
+        one_of("model.feature_map", self.feature_map, FEATURE_MAPS)
+        one_of("model.dtype", self.dtype, DTYPES)
+        positive(
+            "model",
+            self,
+            "vocab_size",
+            "d_model",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "d_ff",
+            "num_layers",
+            "num_decoder_layers",
+            "max_len",
+            "rope_base",
+            "relative_buckets",
+            "relative_max_distance",
+            "norm_eps",
+            "attention_stride",
+            "kv_rank",
+            "q_rank",
+            "num_features",
+        )
+        require(self.global_tokens >= 0, "model.global_tokens", self.global_tokens, "must be >= 0")
+
+    def _check_heads_and_positions(self) -> None:
+        """Head widths divide evenly and suit the position scheme."""
+        if self.head_dim is None:
+            require(
+                self.d_model % self.num_heads == 0,
+                "model.d_model",
+                self.d_model,
+                f"must be divisible by model.num_heads={self.num_heads} (or set model.head_dim)",
+            )
+        require(
+            self.num_heads % self.kv_heads == 0,
+            "model.num_heads",
+            self.num_heads,
+            f"must be divisible by model.num_kv_heads={self.kv_heads}",
+        )
+        if self.position == "rope":
+            require(
+                self.head_width % 2 == 0,
+                "model.head_dim",
+                self.head_width,
+                "RoPE rotates pairs of features, so the head width must be even",
+            )
+        if self.position == "relative":
+            require(
+                self.attention_impl in ("auto", "xla", "reference"),
+                "model.attention_impl",
+                self.attention_impl,
+                "cannot add the dense T5 relative bias of "
+                "model.position='relative': use 'auto', 'xla' or 'reference'",
+            )
+
+    def _check_embeddings_and_layers(self) -> None:
+        """Embedding options, dropout, the BOS id and the decoder's depth."""
+        require(
+            self.type_vocab_size >= 0, "model.type_vocab_size", self.type_vocab_size, "must be >= 0"
+        )
+        require(
+            self.position_offset >= 0, "model.position_offset", self.position_offset, "must be >= 0"
+        )
+        if self.per_side_embeddings:
+            require(
+                self.family == "encoder_decoder",
+                "model.per_side_embeddings",
+                True,
+                "only encoder_decoder models have two sides",
+            )
+        if self.mlm_head:
+            require(
+                self.activation in ("relu", "gelu", "gelu_tanh", "silu"),
+                "model.mlm_head",
+                self.mlm_head,
+                f"needs a non-gated model.activation (relu, gelu, gelu_tanh, silu), "
+                f"not {self.activation!r}",
+            )
+        require(
+            0.0 <= self.dropout_rate < 1.0,
+            "model.dropout_rate",
+            self.dropout_rate,
+            "must be in [0, 1)",
+        )
+        if self.window is not None:
+            require(self.window >= 0, "model.window", self.window, "must be >= 0 or none")
+        require(
+            0 <= self.bos_id < self.vocab_size,
+            "model.bos_id",
+            self.bos_id,
+            f"must be a token id in [0, model.vocab_size={self.vocab_size})",
+        )
+        if self.family != "encoder_decoder":
+            require(
+                self.num_decoder_layers is None,
+                "model.num_decoder_layers",
+                self.num_decoder_layers,
+                "only encoder_decoder models have a separate decoder",
+            )
+
+    def _check_attention_system(self) -> None:
+        """MLA and linear attention: the options that fit each (one ConfigError line)."""
+        if self.attention == "mla":
+            require(
+                self.num_kv_heads in (None, self.num_heads),
+                "model.num_kv_heads",
+                self.num_kv_heads,
+                "model.attention='mla' compresses keys and values into its latent "
+                "(model.kv_rank) instead of sharing heads: leave num_kv_heads unset",
+            )
+            if self.position == "rope":
+                require(
+                    self.mla_rope_dim % 2 == 0 and 0 < self.mla_rope_dim < self.head_width,
+                    "model.rope_dim",
+                    self.rope_dim,
+                    f"must be even and in (0, head width {self.head_width})",
+                )
+            else:
+                require(
+                    self.rope_dim in (None, 0),
+                    "model.rope_dim",
+                    self.rope_dim,
+                    "decoupled RoPE features need model.position='rope'",
+                )
+        elif self.kv_rank is not None or self.q_rank is not None or self.rope_dim is not None:
+            unused = "kv_rank" if self.kv_rank is not None else "q_rank"
+            unused = "rope_dim" if self.rope_dim is not None else unused
+            require(
+                False, f"model.{unused}", getattr(self, unused), "applies to model.attention='mla'"
+            )
+        if self.attention == "linear":
+            require(
+                self.position not in ("alibi", "relative"),
+                "model.position",
+                self.position,
+                "linear attention has no score matrix to add a position bias to: use "
+                "sinusoidal, learned, rope or none",
+            )
+            for name in ("window", "attention_stride"):
+                require(
+                    getattr(self, name) is None,
+                    f"model.{name}",
+                    getattr(self, name),
+                    "sparse patterns apply to softmax and mla attention, not linear",
+                )
+            require(
+                self.global_tokens == 0,
+                "model.global_tokens",
+                self.global_tokens,
+                "sparse patterns apply to softmax and mla attention, not linear",
+            )
+
+    @property
+    def latent_kv_rank(self) -> int:
+        """MLA's latent width ``R`` (default: 4 head widths, DeepSeek-V2's ratio)."""
+        return 4 * self.head_width if self.kv_rank is None else self.kv_rank
+
+    @property
+    def mla_rope_dim(self) -> int:
+        """MLA's decoupled RoPE features per head (default: half the head width)."""
+        if self.position != "rope":
+            return 0
+        return self.head_width // 2 if self.rope_dim is None else self.rope_dim
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def head_width(self) -> int:
+        return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def attention_uses_bias(self) -> bool:
+        return self.use_bias if self.attention_bias is None else self.attention_bias
+
+    @property
+    def mlp_uses_bias(self) -> bool:
+        return self.use_bias if self.mlp_bias is None else self.mlp_bias
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers

@@ -1,0 +1,185 @@
+"""The run's other sections (``[optim]``, ``[data]``, ``[train]``, ``[mesh]``) and
+:class:`Experiment`, which holds one of each with the model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from tfmjax.config.checks import check_types, one_of, positive, require
+from tfmjax.config.choices import EVAL_METRICS, MESH_AXES, RULE_SETS, SCHEDULES
+from tfmjax.config.fields import option
+from tfmjax.config.model import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser and learning-rate schedule."""
+
+    learning_rate: float = option(
+        1e-3, help="peak learning rate (inverse_sqrt: a multiplier, 1.0 = the paper)"
+    )
+    schedule: str = option(
+        "cosine", help="inverse_sqrt, cosine, linear, constant or wsd, all with linear warmup"
+    )
+    warmup_steps: int = option(100, help="steps of linear warmup from 0")
+    end_learning_rate: float = option(0.0, help="where cosine, linear and wsd end")
+    decay_fraction: float = option(0.1, help="wsd: share of the steps spent decaying")
+    weight_decay: float = option(
+        0.0, help="AdamW decoupled weight decay (not on norms, biases, embeddings)"
+    )
+    b1: float = option(0.9, help="Adam beta1")
+    b2: float = option(0.98, help="Adam beta2")
+    eps: float = option(1e-9, help="Adam epsilon")
+    clip_norm: float | None = option(1.0, help="global gradient-norm clipping; none = off")
+    grad_accum_steps: int = option(
+        1, help="micro-batches per step (data.batch_size must divide by it)"
+    )
+    label_smoothing: float = option(0.0, help="label smoothing of the training loss")
+
+    def __post_init__(self):
+        check_types("optim", self)
+        one_of("optim.schedule", self.schedule, SCHEDULES)
+        positive("optim", self, "learning_rate", "eps", "clip_norm", "grad_accum_steps")
+        require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
+        require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        require(
+            0 <= self.end_learning_rate,
+            "optim.end_learning_rate",
+            self.end_learning_rate,
+            "must be >= 0",
+        )
+        for name in ("b1", "b2", "label_smoothing", "decay_fraction"):
+            value = getattr(self, name)
+            require(0.0 <= value < 1.0, f"optim.{name}", value, "must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Which toy task, its parameters, and the batch size."""
+
+    task: str = option(
+        "reverse", help="toy task or text corpus (python -m tfmjax.config.explain lists them)"
+    )
+    task_params: dict = option(
+        default_factory=dict, help="the task's parameters, e.g. {max_len = 8}"
+    )
+    batch_size: int = option(64, help="examples per training step")
+    eval_examples: int = option(512, help="examples in each evaluation")
+
+    def __post_init__(self):
+        check_types("data", self)
+        positive("data", self, "batch_size", "eval_examples")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The training run: length, seed, where it writes and how often."""
+
+    steps: int = option(1000, help="optimizer updates in the whole run")
+    seed: int = option(0, help="initialisation, dropout and the training batches")
+    workdir: str = option("", help="where checkpoints and logs go; empty = runs/<config name>")
+    log_every: int = option(50, help="steps between metric records")
+    eval_every: int = option(250, help="steps between evaluations")
+    checkpoint_every: int = option(250, help="steps between checkpoints")
+    keep_checkpoints: int = option(3, help="newest checkpoints kept (the best one is kept too)")
+    best_metric: str = option("exact_match", help="eval metric that picks the best checkpoint")
+    tensorboard: bool = option(False, help="also write TensorBoard event files")
+    init_from: str = option(
+        "", help="a new run starts from the params of this checkpoint (e.g. an HF import)"
+    )
+
+    def __post_init__(self):
+        check_types("train", self)
+        positive(
+            "train",
+            self,
+            "steps",
+            "log_every",
+            "eval_every",
+            "checkpoint_every",
+            "keep_checkpoints",
+        )
+        require(self.seed >= 0, "train.seed", self.seed, "must be >= 0")
+        one_of("train.best_metric", self.best_metric, EVAL_METRICS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """How the run spreads over devices: a ``data x fsdp x tensor`` mesh and a rule set.
+
+    ``-1`` (at most one axis) means "the devices the other axes leave". The default is one
+    device. The mesh is not part of the model: a checkpoint restores onto any mesh.
+    Whether the sizes fit the machine and the model is checked when the mesh is built
+    (:func:`tfmjax.parallel.check_mesh`), where the device count is known.
+    """
+
+    data: int = option(
+        1, help="data-parallel devices (whole params, a slice of the batch); -1: the rest"
+    )
+    fsdp: int = option(
+        1, help="FSDP devices (1/fsdp of the params, a slice of the batch); -1: the rest"
+    )
+    tensor: int = option(
+        1, help="tensor-parallel devices (heads, FFN, vocabulary split); -1: the rest"
+    )
+    rules: str = option(
+        "standard", help="standard (params sharded as the mesh says) or replicated (params whole)"
+    )
+
+    def __post_init__(self):
+        check_types("mesh", self)
+        sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
+        for axis, size in sizes.items():
+            require(size == -1 or size >= 1, f"mesh.{axis}", size, "must be >= 1, or -1")
+        rest = [axis for axis, size in sizes.items() if size == -1]
+        require(
+            len(rest) <= 1,
+            f"mesh.{rest[-1] if rest else ''}",
+            -1,
+            f"only one mesh axis may be -1 (the rest of the devices); {', '.join(rest)} are",
+        )
+        one_of("mesh.rules", self.rules, RULE_SETS)
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "mesh": MeshConfig,
+}
+# The sections that decide what a run computes; the mesh only decides where.
+RUN_SECTIONS = ("model", "optim", "data", "train")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """Everything one run needs: its name, the four sections of the run and the mesh."""
+
+    name: str = "experiment"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+
+    def __post_init__(self):
+        k = self.optim.grad_accum_steps
+        require(
+            self.data.batch_size % k == 0,
+            "data.batch_size",
+            self.data.batch_size,
+            f"must be divisible by optim.grad_accum_steps={k} (each step splits the batch "
+            "in k micro-batches)",
+        )
+
+    @property
+    def workdir(self) -> str:
+        return self.train.workdir or f"runs/{self.name}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)

@@ -1,0 +1,206 @@
+"""The attention entry point (docs/design.md, "Attention kernels"): platform dispatch over
+the implementations.
+
+``attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, stride,
+global_tokens, alibi_slopes, bias, q_offset, scale, impl)`` with ``q [B,T,N,H]`` and
+``k, v [B,S,K,H]`` (K divides N) returns ``[B,T,N,H]``. Every ``impl`` has the
+semantics of ``impl="reference"``; :func:`choose_impl` says what ``"auto"`` picks on one
+platform.
+
+How the platform is chosen: not from ``jax.default_backend()`` at trace time but when the
+computation is lowered, through ``jax.lax.platform_dependent`` (branches ``cpu``, ``cuda``,
+``rocm``, ``tpu``; forward and backward alike), so ``jit(...).lower(lowering_platforms=
+("cuda",))`` or ``jax.export`` for ``("tpu",)`` from a CPU host builds that platform's code:
+
+* ``impl="pallas"``: the kernel flavour -- Triton on cuda/rocm, Mosaic on tpu, the
+  interpreter on cpu (see :mod:`tfmjax.kernels.pallas_attention`).
+* ``impl="auto"``: :func:`choose_impl` for each platform; when they differ (no bias:
+  pallas on cuda/rocm/tpu, xla or blockwise on cpu by length) each platform's choice is a
+  branch, pallas branches with their flavour fixed. When all platforms agree (a dense
+  ``bias``: xla everywhere) there is no dispatch.
+* ``"reference"``, ``"xla"``, ``"blockwise"`` are the same code on every platform.
+
+Under ``jit`` every branch is traced (only the lowered platform's is kept); an eager call
+evaluates the platform and runs the default backend's branch alone. One platform per
+lowering: a joint ``lowering_platforms=("cpu", "cuda")`` fails for pallas (see there).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import numbers
+
+import jax
+
+from tfmjax.kernels.platforms import LOWERING_PLATFORMS, PALLAS_FLAVOUR
+
+IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
+
+# Module holding each implementation's ``attention`` function (imported lazily).
+_MODULES = {
+    "reference": "tfmjax.kernels.reference",
+    "xla": "tfmjax.kernels.xla",
+    "blockwise": "tfmjax.kernels.blockwise",
+    "pallas": "tfmjax.kernels.pallas_attention",
+}
+
+
+# Length from which "auto" prefers the blockwise path on CPU: both T and S must reach it.
+# Measured on a 2-core CPU (N=8, H=64, causal fp32, xla vs blockwise, interleaved medians;
+# bench/attention.py for long T). Speed of blockwise relative to xla: B=1: 1.4-1.6x at
+# T=128..512, 4-6x at T=1024; B=8..32, T=64..256, fwd+bwd: 0.6-1.1x; B=16, T=512:
+# 1.5-2.6x; decoding (T=1..8 against S=512..2048): 0.6-0.8x. Hence 512, on min(T, S):
+# a short query block against a long cache stays on xla.
+BLOCKWISE_MIN_LEN_CPU = 512
+
+
+def choose_impl(
+    impl: str, *, q_len: int, kv_len: int, has_bias: bool = False, backend: str | None = None
+) -> str:
+    """The concrete implementation that ``impl`` resolves to for these shapes on ``backend``
+    (a platform name; None: the default backend, i.e. what an eager call runs).
+    :func:`attention` asks this for every platform in :data:`LOWERING_PLATFORMS`."""
+    if impl not in IMPLS:
+        raise ValueError(f"attention impl={impl!r} is not one of {IMPLS}")
+    if impl != "auto":
+        return impl
+    if has_bias:
+        return "xla"  # a dense bias is the reference paths' escape hatch
+    backend = backend or jax.default_backend()
+    if backend in ("gpu", "cuda", "rocm", "tpu") and _pallas_available():
+        return "pallas"
+    if min(q_len, kv_len) >= BLOCKWISE_MIN_LEN_CPU and _available("blockwise"):
+        return "blockwise"
+    return "xla"
+
+
+def _available(name: str) -> bool:
+    try:
+        importlib.import_module(_MODULES[name])
+    except ImportError:
+        return False
+    return True
+
+
+def _pallas_available() -> bool:
+    return _available("pallas")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_pattern(window, stride, global_tokens):
+    """One-line errors for the static mask-pattern options (see :mod:`.masks`)."""
+    if window is not None and window < 0:
+        raise ValueError(f"window={window} must be >= 0 (or None for no window)")
+    if stride is not None and not (_is_int(stride) and stride >= 1):
+        raise ValueError(f"stride={stride!r} must be an int >= 1 (or None for no stride)")
+    if not (_is_int(global_tokens) and global_tokens >= 0):
+        raise ValueError(f"global_tokens={global_tokens!r} must be an int >= 0")
+
+
+def _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias):
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f"attention wants q [B,T,N,H] and k, v [B,S,K,H]; got ranks "
+            f"{q.ndim}, {k.ndim}, {v.ndim}"
+        )
+    B, T, N, H = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != H:
+        raise ValueError(f"k {k.shape} and v {v.shape} must both be [B={B}, S, K, H={H}]")
+    if N % k.shape[2]:
+        raise ValueError(f"query heads N={N} must be a multiple of key/value heads K={k.shape[2]}")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("pass both q_segment_ids and kv_segment_ids, or neither")
+    if q_segment_ids is not None and (
+        q_segment_ids.shape != (B, T) or kv_segment_ids.shape != (B, k.shape[1])
+    ):
+        raise ValueError(
+            f"segment ids must be q [B={B}, T={T}] and kv [B={B}, S={k.shape[1]}]; "
+            f"got {q_segment_ids.shape} and {kv_segment_ids.shape}"
+        )
+    if alibi_slopes is not None and alibi_slopes.shape != (N,):
+        raise ValueError(f"alibi_slopes must have shape [N={N}], got {alibi_slopes.shape}")
+    if bias is not None and (bias.ndim != 4 or bias.shape[-2:] != (T, k.shape[1])):
+        raise ValueError(f"bias must be [B|1, N|1, T={T}, S={k.shape[1]}], got {bias.shape}")
+
+
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    window: int | None = None,
+    stride: int | None = None,
+    global_tokens: int = 0,
+    alibi_slopes=None,
+    bias=None,
+    q_offset=0,
+    scale: float | None = None,
+    impl: str = "auto",
+):
+    """Attention of ``q [B,T,N,H]`` over ``k, v [B,S,K,H]``; returns ``[B,T,N,H]``.
+
+    ``causal``: query at absolute position ``q_offset + t`` sees keys ``s <= q_offset + t``.
+    ``q_segment_ids [B,T]``, ``kv_segment_ids [B,S]``: attend only within equal, non-zero ids
+    (0 = padding). ``window``: how many past (and, if not causal, future) positions a query
+    sees. ``stride``: the Sparse Transformer's strided pattern (Child et al. 2019): keys at
+    distance ``|p - s| < stride`` (or ``<= window`` with a window) or at a multiple of
+    ``stride``. ``global_tokens = g``: positions ``< g`` attend to and are attended by every
+    position (Longformer, Beltagy et al. 2020), overriding window and stride but not causal
+    masks or segment ids. Exact rules: :mod:`tfmjax.kernels.masks`. ``alibi_slopes [N]``:
+    adds ``-slope * |p - s|``. ``bias [B|1,N|1,T,S]``: added to the scores. ``scale``
+    defaults to ``1/sqrt(H)``. Rows that see nothing return zeros.
+
+    ``impl="pallas"`` and ``impl="auto"`` are resolved per platform when the computation is
+    lowered (see the module docstring), not from the default backend at trace time.
+    """
+    _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias)
+    _check_pattern(window, stride, global_tokens)
+    kw = dict(
+        causal=causal,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        window=window,
+        stride=stride,
+        global_tokens=global_tokens,
+        alibi_slopes=alibi_slopes,
+        bias=bias,
+        q_offset=q_offset,
+        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
+    )
+    lengths = dict(q_len=q.shape[1], kv_len=k.shape[1], has_bias=bias is not None)
+    if impl == "auto":
+        per_platform = {p: choose_impl(impl, **lengths, backend=p) for p in LOWERING_PLATFORMS}
+        if len(set(per_platform.values())) > 1:
+            return _platform_dependent(per_platform, q, k, v, kw)
+    name = choose_impl(impl, **lengths)
+    if bias is not None and name in ("blockwise", "pallas"):
+        raise ValueError(
+            f"impl={name!r} takes structured masks only; a dense bias needs "
+            "impl='xla' or 'reference'"
+        )
+    # "pallas" with no platform: the kernel module dispatches at lowering time itself.
+    return importlib.import_module(_MODULES[name]).attention(q, k, v, **kw)
+
+
+def _platform_dependent(per_platform: dict[str, str], q, k, v, kw):
+    """``lax.platform_dependent`` over the implementations ``per_platform`` names (``bias`` is
+    None here). Pallas branches get a fixed ``platform=``, so only the lowered platform's
+    kernel is built into the branch that stays; one callable per distinct choice."""
+    branches, fns = {}, {}
+    for platform, name in per_platform.items():
+        key = (name, PALLAS_FLAVOUR[platform] if name == "pallas" else None)
+        if key not in fns:
+            extra = {"platform": key[1]} if name == "pallas" else {}
+            fns[key] = functools.partial(
+                importlib.import_module(_MODULES[name]).attention, **kw, **extra
+            )
+        branches[platform] = fns[key]
+    return jax.lax.platform_dependent(q, k, v, **branches)

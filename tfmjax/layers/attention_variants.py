@@ -1,0 +1,28 @@
+"""The self-attention variants, one table: ``model.attention`` name -> module class.
+
+Each class builds itself from a block's config and owns its decoding cache:
+
+* ``from_block_config(cfg, name)``: the module of a block (:mod:`tfmjax.layers.block_config`);
+* ``init_cache(cfg, batch, capacity)``: one layer's empty decoding cache (a dict);
+* ``cache_bytes(cfg, batch, num_layers, capacity)``: that cache's bytes by formula (segment
+  ids and indices aside), for ``num_layers`` layers;
+* ``qk_ov_circuits``: whether per-head query, key, value and out kernels make the QK/OV
+  circuits of :mod:`tfmjax.interp.circuits`.
+
+Adding a variant (a recurrent mixer such as retention or a selective scan included) is one
+module with those members and one entry here; the config validates ``model.attention``
+against :data:`ATTENTION_NAMES`.
+"""
+
+from __future__ import annotations
+
+from tfmjax.layers.attention import MultiHeadAttention
+from tfmjax.layers.latent_attention import LatentAttention
+from tfmjax.layers.linear_attention import LinearAttention
+
+ATTENTION_VARIANTS: dict[str, type] = {
+    "softmax": MultiHeadAttention,  # MHA / GQA / MQA
+    "mla": LatentAttention,  # multi-head latent attention
+    "linear": LinearAttention,  # kernelised, constant-size state
+}
+ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTION_VARIANTS)

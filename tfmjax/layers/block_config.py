@@ -1,0 +1,50 @@
+"""The hyper-parameters of one transformer block, read from the model config by
+``tfmjax.models`` (:func:`tfmjax.models.common.block_config`).
+
+Each field carries the name of its ``ModelConfig`` field, resolved: ``num_kv_heads``,
+``head_dim``, ``kv_rank``, ``rope_dim``, ``attention_bias`` and ``mlp_bias`` are never None
+here (the config's defaults are applied), ``rope_base`` is None without RoPE and ``dtype`` is
+the compute dtype. The attention modules build themselves from it (``from_block_config``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+
+
+class BlockConfig(NamedTuple):
+    """The hyper-parameters a block needs (see the module docstring)."""
+
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    d_ff: int
+    activation: str = "relu"
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    norm_eps: float = 1e-5
+    attention_bias: bool = True  # attention projections
+    mlp_bias: bool = True
+    dropout_rate: float = 0.0
+    rope_base: float | None = None
+    rope_layout: str = "interleaved"
+    window: int | None = None
+    attention_stride: int | None = None  # strided sparse pattern (self-attention)
+    global_tokens: int = 0  # global tokens (self-attention)
+    attention: str = "softmax"  # self-attention variant (tfmjax.layers.attention_variants)
+    kv_rank: int = 0  # mla latent width
+    q_rank: int | None = None  # mla query latent
+    rope_dim: int = 0  # mla decoupled RoPE features
+    feature_map: str = "elu"  # linear attention
+    num_features: int = 64  # linear attention with favor
+    scale_attention: bool = True  # logits times 1/sqrt(head_dim); False: unscaled
+    attention_impl: str = "auto"
+    dtype: Any = jnp.float32
+
+    @property
+    def attention_scale(self) -> float | None:
+        """The kernels' ``scale``: None (``1/sqrt(head_dim)``) or 1.0 (unscaled)."""
+        return None if self.scale_attention else 1.0

@@ -1,0 +1,181 @@
+"""Building a run: everything made from an experiment before the first step.
+
+:func:`build_run` checks the task against the model and makes the optimizer, the jitted
+step (for the mesh, the state donated) and the evaluator; no files are touched. Builds are
+cached per config, so training twice in one process compiles once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+
+from tfmjax.config import ConfigError, Experiment
+from tfmjax.data.sources import is_text, open_source
+from tfmjax.evaluation.text_evaluator import make_evaluator
+from tfmjax.models import FAMILIES, build
+from tfmjax.models.checks import InputError
+from tfmjax.parallel import Placement
+from tfmjax.train.optimizer import make_optimizer
+from tfmjax.train.schedules import make_schedule
+from tfmjax.train.state import state_shardings
+from tfmjax.train.step import jit_train_step, make_train_step
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything built from an experiment before the first step (no files touched)."""
+
+    experiment: Experiment
+    source: object  # tfmjax.data.sources: a toy task or a text corpus
+    model: object  # deterministic: init and eval
+    tx: object
+    schedule: object
+    train_step: Callable  # jitted for the mesh, state donated
+    evaluator: object  # Evaluator or TextEvaluator: (metrics, rows) = evaluator(params)
+    tokens_per_step: int  # padded positions per batch (what the step computes on)
+    placement: Placement  # the mesh, the rules, the batch layout
+    state_shardings: object  # a TrainState of shardings
+
+    def batch(self, step: int, rows: slice | None = None) -> dict:
+        """Batch ``step`` (host arrays): the global batch, or ``rows`` of it."""
+        exp = self.experiment
+        return self.source.batch(
+            batch_format=self.model.batch_format,
+            batch_size=exp.data.batch_size,
+            seed=exp.train.seed,
+            step=step,
+            rows=rows,
+        )
+
+    def device_batch(self, step: int) -> dict:
+        """Batch ``step`` as global arrays split over the mesh's batch axes: each process
+        builds and puts only the rows its own devices hold (checked like any batch)."""
+        rows = self.batch(step, self.placement.local_rows(self.experiment.data.batch_size))
+        self.model.check_batch(rows)
+        return self.placement.put_batch(rows)
+
+
+def _source(experiment: Experiment, model):
+    """The task or corpus, checked against the model: one-line ConfigError for a mismatch."""
+    data = experiment.data
+    if model.batch_format is None:
+        trainable = ", ".join(name for name, cls in FAMILIES.items() if cls.batch_format)
+        raise ConfigError(
+            f"model.family={model.family!r} cannot be trained on a toy task; use one of {trainable}"
+        )
+    if model.batch_format == "masked_lm" and not is_text(data.task):
+        raise ConfigError(
+            f"model.family={model.family!r} trains as a masked LM, on text only: set data.task "
+            "to a text corpus such as 'shakespeare' (configs/shakespeare_mlm.toml)"
+        )
+    try:
+        source = open_source(data.task, data.task_params)
+    except ValueError as err:
+        raise ConfigError(f"data.task={data.task!r}: {err}") from None
+    vocab_size = experiment.model.vocab_size
+    if vocab_size < source.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size} is smaller than the vocabulary "
+            f"of task {data.task!r} ({source.vocab_size} ids); set model.vocab_size "
+            f">= {source.vocab_size}"
+        )
+    return source
+
+
+_RUNS: dict[str, Run] = {}  # the last few builds, so training twice in one process compiles once
+_MAX_RUNS = 2
+
+
+def _run_key(experiment: Experiment) -> str:
+    """Everything that shapes the compiled functions: the config minus its name and workdir."""
+    raw = experiment.to_dict()
+    raw["name"], raw["train"]["workdir"] = "", ""
+    return json.dumps(raw, sort_keys=True)
+
+
+def build_run(experiment: Experiment) -> Run:
+    """Task, model, optimizer, jitted step and evaluator; ConfigError if they do not fit.
+
+    Cached per config (name and workdir aside): a second ``train`` in the same process
+    with the same config (a resume, a test) reuses the compiled step and evaluator.
+    """
+    key = _run_key(experiment)
+    if key not in _RUNS:
+        while len(_RUNS) >= _MAX_RUNS:
+            _RUNS.pop(next(iter(_RUNS)))
+        _RUNS[key] = _build_run(experiment)
+    return dataclasses.replace(_RUNS[key], experiment=experiment)
+
+
+def _schedule(experiment: Experiment):
+    """The learning-rate schedule: one-line ConfigError for settings that do not fit."""
+    m, o, t = experiment.model, experiment.optim, experiment.train
+    try:
+        return make_schedule(
+            o.schedule,
+            peak_lr=o.learning_rate,
+            warmup_steps=o.warmup_steps,
+            total_steps=t.steps,
+            d_model=m.d_model,
+            end_lr=o.end_learning_rate,
+            decay_fraction=o.decay_fraction,
+        )
+    except ValueError as err:
+        raise ConfigError(
+            f"optim.schedule={o.schedule!r} with optim.warmup_steps={o.warmup_steps} "
+            f"and train.steps={t.steps}: {err}"
+        ) from None
+
+
+def _build_run(experiment: Experiment) -> Run:
+    m, o, t, d = experiment.model, experiment.optim, experiment.train, experiment.data
+    model = build(m)
+    source = _source(experiment, model)
+    schedule = _schedule(experiment)
+    try:
+        evaluator = make_evaluator(m, source, batch_size=d.batch_size, num_examples=d.eval_examples)
+    except (ValueError, InputError) as err:
+        raise ConfigError(str(err)) from None
+    if t.best_metric not in evaluator.metric_names:
+        raise ConfigError(
+            f"train.best_metric={t.best_metric!r} is not measured on data.task={d.task!r}; "
+            f"use one of {', '.join(evaluator.metric_names)}"
+        )
+    tx = make_optimizer(
+        schedule=schedule,
+        weight_decay=o.weight_decay,
+        b1=o.b1,
+        b2=o.b2,
+        eps=o.eps,
+        clip_norm=o.clip_norm,
+    )
+    step = make_train_step(
+        build(m, deterministic=False),
+        tx,
+        schedule,
+        label_smoothing=o.label_smoothing,
+        grad_accum_steps=o.grad_accum_steps,
+    )
+    placement = Placement.for_run(experiment)
+    sample = source.batch(
+        batch_format=model.batch_format, batch_size=d.batch_size, seed=t.seed, step=0
+    )
+    try:
+        model.check_batch(sample)
+    except InputError as err:
+        raise ConfigError(str(err)) from None
+    shardings = state_shardings(model, tx, sample, t.seed, placement)
+    return Run(
+        experiment,
+        source,
+        model,
+        tx,
+        schedule,
+        jit_train_step(step, placement, shardings),
+        evaluator,
+        sum(int(sample[key].size) for key in model.token_keys),
+        placement,
+        shardings,
+    )
