@@ -490,3 +490,22 @@ def test_two_corrupt_steps_fall_back_twice(tmp_path, caplog):
         "3.corrupt",
     ]
     ckpt.close()
+
+
+@pytest.mark.parametrize("main", [True, False], ids=["process_0", "process_1"])
+def test_with_several_processes_process_0_alone_moves_a_corrupt_step(tmp_path, monkeypatch, main):
+    """Every process of a run finds the same corrupt step; process 0 renames it, the others
+    leave it, and all meet at one barrier before they reload the listing."""
+    import tfmjax.checkpoint.store as store
+
+    save_steps(tmp_path, [1, 2]).close()
+    shutil.rmtree(step_dir(tmp_path, 2) / "state")
+    barriers = []
+    monkeypatch.setattr(store, "is_main", lambda: main)
+    monkeypatch.setattr(store, "barrier", barriers.append)
+    ckpt = Checkpointer(tmp_path)
+    _, step = ckpt.restore(ABSTRACT)
+    assert step == 1 and len(barriers) == 1
+    assert (tmp_path / "checkpoints" / "2.corrupt").is_dir() is main
+    assert step_dir(tmp_path, 2).is_dir() is not main
+    ckpt.close()

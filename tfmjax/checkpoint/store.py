@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from tfmjax.checkpoint.errors import CheckpointError, CorruptStep, short_error
 from tfmjax.checkpoint.hashing import json_hash
 from tfmjax.checkpoint.signals import quiet_absl
+from tfmjax.parallel.processes import barrier, is_main
 
 log = logging.getLogger("tfmjax.checkpoint")
 
@@ -158,6 +159,21 @@ class Store:
         self.mgr.reload()
         return dst.name
 
+    def _quarantine_all(self, corrupt: list[int]) -> None:
+        """Move the corrupt steps aside. With several processes (one shared workdir, each
+        found the same steps) process 0 alone renames them while the others wait for it at a
+        barrier, then all reload the listing."""
+        main = is_main()
+        if main:
+            for bad in corrupt:
+                with contextlib.suppress(OSError):
+                    log.info(
+                        "moved corrupt checkpoint step %d aside to %s", bad, self.quarantine(bad)
+                    )
+        barrier("tfmjax: corrupt checkpoints moved aside")
+        if not main:
+            self.mgr.reload()
+
     def candidates(self, step: int | None) -> list[int]:
         """Steps to try, newest first: ``[step]`` when a step is asked for."""
         steps = self.steps()
@@ -196,13 +212,7 @@ class Store:
                 continue
             if self.writable:
                 # Only once a good step is found: a passing outage never moves everything aside.
-                for bad in corrupt:
-                    with contextlib.suppress(OSError):
-                        log.info(
-                            "moved corrupt checkpoint step %d aside to %s",
-                            bad,
-                            self.quarantine(bad),
-                        )
+                self._quarantine_all(corrupt)
             return result, s
         raise CheckpointError(f"no good checkpoint in {self.dir}: {'; '.join(failures)}")
 

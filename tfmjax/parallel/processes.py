@@ -123,6 +123,12 @@ def is_main() -> bool:
     return jax.process_index() == 0
 
 
+def barrier(name: str) -> None:
+    """Every process waits here until all have come (nothing to wait for with one)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
 def tag() -> str:
     """``"process 1 of 2: "`` in a run of many processes, else empty: prefixes error lines."""
     if jax.process_count() == 1:

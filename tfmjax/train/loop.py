@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ from pathlib import Path
 import jax
 
 from tfmjax.checkpoint import Checkpointer
+from tfmjax.checkpoint.lock import WorkdirLock
 from tfmjax.config import LOWER_IS_BETTER, Experiment
 from tfmjax.data.sources import is_text
 from tfmjax.models.summary import summarize
@@ -238,6 +240,20 @@ def train(
     run = build_run(experiment)
     workdir = Path(experiment.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as held:
+        if is_main():  # one run per workdir; the processes of one run share it
+            lock = held.enter_context(WorkdirLock(workdir))
+            if lock.taken_over:
+                print(
+                    f"took over the training lock of {lock.taken_over}, which no longer runs",
+                    file=stream or sys.stdout,
+                )
+        return _train_locked(run, workdir, stream, progress, on_step, plot, override_config)
+
+
+def _train_locked(run, workdir, stream, progress, on_step, plot, override_config) -> dict:
+    """:func:`train` once the workdir's lock is held."""
+    experiment = run.experiment
     t = experiment.train
     ckpt = Checkpointer(
         workdir.resolve(),
