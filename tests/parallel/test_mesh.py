@@ -238,6 +238,15 @@ def test_minus_one_takes_the_rest_and_kv_heads_that_do_not_split_stay_whole():
     assert dict(placement.rules)["heads"] == "tensor"
 
 
+def test_the_loop_waits_for_each_step_only_with_several_cpu_devices_here():
+    """The workaround for XLA:CPU's launch deadlock (Placement.waits_each_step): one program
+    in flight when this process drives several CPU devices; none on one device."""
+    one = Placement.for_run(load(CONFIGS["decoder_only"], SMALL))
+    two = Placement.for_run(load(CONFIGS["decoder_only"], [*SMALL, "mesh.data=2"]))
+    assert jax.default_backend() == "cpu"
+    assert not one.waits_each_step and two.waits_each_step
+
+
 def test_a_resume_may_change_the_mesh_and_an_old_checkpoint_has_none():
     from tfmjax.train.resume import config_changes
 

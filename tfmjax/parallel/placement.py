@@ -44,6 +44,21 @@ class Placement:
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             yield
 
+    @property
+    def waits_each_step(self) -> bool:
+        """Whether a loop must wait for each program before it dispatches the next: on CPU,
+        with several devices in this process.
+
+        A workaround for XLA:CPU (jax 0.10): each device's part of a program is launched on
+        a small pool of threads (as many as cores). With the next step queued behind the
+        running one, one device's launch waited on a semaphore in that pool while the other
+        device's part sat in an all-reduce waiting for it; XLA aborted after 40 s (2 devices
+        on 2 busy cores: 4 runs in 5). With one program in flight it never happened. Costs
+        the overlap of building the next batch with the step, on CPU only.
+        """
+        mine = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+        return len(mine) > 1 and mine[0].platform == "cpu"
+
     # -- shardings ---------------------------------------------------------------------
 
     @property

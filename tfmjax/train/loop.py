@@ -104,6 +104,7 @@ class _Loop:
         self.started = time.perf_counter()
         self.window = _Window()
         self.last_eval: dict | None = None
+        self.waits = run.placement.waits_each_step
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -176,6 +177,8 @@ class _Loop:
                 state = self.first_step(state, batch)
             else:
                 state, _ = self.run.train_step(state, batch)
+            if self.waits:  # XLA:CPU with several devices: one program in flight
+                jax.block_until_ready(state)
             done = step + 1
             self.console.step()
             if self.on_step is not None:
