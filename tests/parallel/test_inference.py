@@ -208,12 +208,14 @@ def test_generate_on_the_mesh_equals_one_device(workdir, capsys, monkeypatch):
 
 def test_eval_cli_on_one_device_says_which_mesh_and_equals_the_mesh_report(workdir, tmp_path):
     """eval.py in a process with one device: the 2x2x2 checkpoint runs on one device, one
-    stderr line says so, and the report equals the in-process 8-device mesh report."""
+    stderr line says so, and the report equals the in-process 8-device mesh report. The
+    training package is never imported (``-X importtime`` lists every module imported)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_NUM_CPU_DEVICES"] = "1"
     out = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "eval.py"), str(workdir), "--rows", "16", "--out", str(out)],
+        [sys.executable, "-X", "importtime", str(ROOT / "eval.py"), str(workdir), "--rows", "16"]
+        + ["--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -223,6 +225,9 @@ def test_eval_cli_on_one_device_says_which_mesh_and_equals_the_mesh_report(workd
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = f"mesh {ONE}, not the checkpoint's {TRAINED_ON}: fitted to the 1 cpu device here"
     assert line in proc.stderr.splitlines()
+    imported = [row.rsplit("|", 1)[-1].strip() for row in proc.stderr.splitlines() if "|" in row]
+    assert "tfmjax.evaluation.report" in imported
+    assert not [name for name in imported if name.startswith("tfmjax.train")]
     got = json.loads(out.read_text())
     want = evaluate_checkpoint(workdir, num_rows=16, mesh=[])
     assert got["mesh"] == ONE and want["mesh"] == TRAINED_ON
