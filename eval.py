@@ -1,4 +1,4 @@
-"""Evaluate a checkpoint: ``python eval.py WORKDIR_OR_CHECKPOINT [--split eval|length]``.
+"""Evaluate a checkpoint: ``python eval.py CHECKPOINT [mesh.KEY=VALUE ...] [--split eval|length]``.
 
 Answers are decoded with the KV-cached ``tfmjax.decode.generate``: ``--decode greedy``
 (default), ``beam`` (``--beam-size``, ``--alpha``) or ``sample`` (``--temperature``, and
@@ -7,9 +7,16 @@ table and writes ``eval/step_N.json`` into the workdir (and ``eval.json``, the r
 newest step evaluated). Exit 2 (one line on stderr) for a missing or
 incompatible checkpoint. Ctrl-C / SIGTERM: one line, exit 130 / 143 (no report is ever
 half-written).
+Mesh: the params are restored directly onto a device mesh, each device reading only its
+own shards, and evaluated there as the training loop does; by default the checkpoint's own
+mesh fitted to the devices present (``data=2 x fsdp=2 x tensor=2`` on one device runs on
+one device; one line on stderr names the mesh whenever it is not the checkpoint's own).
+``mesh.data``, ``mesh.fsdp``, ``mesh.tensor`` and ``mesh.rules`` overrides, as ``train.py``
+takes them, apply on top of the checkpoint's ``[mesh]`` and are used as given (not fitted),
+e.g. ``mesh.data=1 mesh.fsdp=-1 mesh.tensor=1`` (FSDP over every device).
 Many processes: the same flags as ``train.py`` (``--coordinator``, ``--num-processes``,
-``--process-id``); each process evaluates on its own first device and process 0 alone
-prints and writes the report.
+``--process-id``); the mesh spans every process's devices, and process 0 alone prints and
+writes the report.
 """
 
 import argparse
@@ -72,8 +79,16 @@ def _main(argv, interrupts: _Interrupts) -> int:
     from tfmjax.decode.options import add_decode_arguments
     from tfmjax.parallel import processes
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("path", help="a workdir (runs/NAME), its checkpoints/ dir or one step dir")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="mesh.KEY=VALUE: the mesh to evaluate on, e.g. mesh.fsdp=-1 (default: the "
+        "checkpoint's mesh, fitted to the devices present)",
+    )
     parser.add_argument("--split", default="eval", choices=("eval", "length"))
     parser.add_argument(
         "--num-examples", type=int, default=None, help="default: data.eval_examples"
@@ -88,7 +103,7 @@ def _main(argv, interrupts: _Interrupts) -> int:
     )
     add_decode_arguments(parser)
     processes.add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     for name in ("num_examples", "batch_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -115,6 +130,8 @@ def _evaluate(args, interrupts: _Interrupts) -> int:
             num_rows=args.rows,
             strategy=strategy,
             decode_seed=args.seed,
+            mesh=args.overrides,
+            say=lambda line: is_main() and print(line, file=sys.stderr, flush=True),
         )
     except (CheckpointError, ConfigError, ValueError) as err:
         return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost

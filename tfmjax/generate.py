@@ -10,6 +10,15 @@ the tokenizer saved in its checkpoint, e.g. ``--input "ROMEO:"``; its default de
 the task's sampling (top-k and temperature of ``data.task_params``), and it prints as many
 new tokens as the task's ``sample_tokens`` (or ``--max-new-tokens``), sliding the context
 window on once ``model.max_len`` is full.
+
+Mesh: the params are restored directly onto a device mesh, each device reading only its
+own shards, and decoded there; by default the checkpoint's own mesh fitted to the devices
+present (one line on stderr names the mesh whenever it is not the checkpoint's own).
+``mesh.data``, ``mesh.fsdp``, ``mesh.tensor`` and ``mesh.rules`` overrides, as ``train.py``
+takes them, apply on top of the checkpoint's ``[mesh]`` and are used as given (not fitted),
+e.g. ``python -m tfmjax.generate WORKDIR mesh.data=1 mesh.fsdp=-1 mesh.tensor=1 --input "c a b"``.
+Many processes: ``--coordinator``, ``--num-processes``, ``--process-id`` as for ``train.py``;
+every process decodes its part, process 0 alone prints.
 """
 
 from __future__ import annotations
@@ -74,15 +83,14 @@ def generate_from_text(
 ):
     """Continue ``text`` (space-separated task symbols; a str or a list of str) -> str(s)."""
     texts = [text] if isinstance(text, str) else list(text)
-    import jax
-
     from tfmjax.decode import generate
     from tfmjax.models import build
+    from tfmjax.parallel.processes import to_host
 
     model = build(model_config)
     prompts = [prompt_ids(model, vocab, t) for t in texts]
     out = generate(model, params, prompts, strategy, max_new_tokens, rng=rng)
-    answers = [vocab.decode(row) for row in jax.device_get(out.tokens)]
+    answers = [vocab.decode(row) for row in to_host(out.tokens)]
     return answers[0] if isinstance(text, str) else answers
 
 
@@ -93,6 +101,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("workdir", help="training workdir (or its checkpoints dir, or one step)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="mesh.KEY=VALUE: the mesh to decode on, e.g. mesh.fsdp=-1 (default: the "
+        "checkpoint's mesh, fitted to the devices present)",
+    )
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument(
         "--input",
@@ -112,10 +126,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="default: the task's longest eval target + 1 (EOS)",
     )
     from tfmjax.decode.options import add_decode_arguments
+    from tfmjax.parallel import processes
 
     add_decode_arguments(parser)
+    processes.add_arguments(parser)
     parser.set_defaults(decode=None)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     # No --decode: greedy, except for a text task, which samples as its config says.
     args.explicit_decode = args.decode is not None
     args.decode = args.decode or "greedy"
@@ -158,33 +174,64 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         print(f"error: --max-new-tokens={args.max_new_tokens} must be >= 1", file=sys.stderr)
         return 2
+    from tfmjax.parallel import processes
+
+    return processes.run_joined(args, lambda: _run(args))
+
+
+def _say(line: str, file=None) -> None:
+    """Print ``line`` from process 0 only (the only process, usually)."""
+    from tfmjax.parallel.processes import is_main
+
+    if is_main():
+        print(line, file=file or sys.stdout, flush=True)
+
+
+def load_on_mesh(workdir: str, mesh: Sequence[str] = ()):
+    """``(Experiment, params, step, placement)`` of the newest good checkpoint under
+    ``workdir``, the params restored onto the mesh ``mesh`` (``mesh.*=value`` overrides;
+    none: the checkpoint's own, fitted to the devices present); decode under
+    ``placement.context()``. The line naming a mesh other than the checkpoint's is printed."""
+    from tfmjax.checkpoint import load_on_mesh as restore
+    from tfmjax.config import from_dict
+
+    loaded = restore(workdir, mesh)
+    if loaded.note:
+        _say(loaded.note, sys.stderr)
+    params = loaded.params
+    if "params" not in params:  # a bare params tree: make it model.apply's variables
+        params = {"params": params}
+    return from_dict(loaded.config), params, loaded.step, loaded.placement
+
+
+def _run(args) -> int:
     from tfmjax.checkpoint import CheckpointError
     from tfmjax.data import make_task
     from tfmjax.data.sources import is_text
     from tfmjax.decode.options import strategy_from_args
+    from tfmjax.parallel.processes import fail, tag
 
     try:
         strategy = strategy_from_args(args)
-        experiment, params, step = load(args.workdir)
-        if args.ids:
-            return _generate_ids(experiment.model, params, args, strategy)
-        if is_text(experiment.data.task):
-            return _generate_text(
-                experiment, params, step, args, strategy if args.explicit_decode else None
+        experiment, params, step, placement = load_on_mesh(args.workdir, args.overrides)
+        with placement.context():  # as the training loop evaluates: the mesh and its rules
+            if args.ids:
+                return _generate_ids(experiment.model, params, args, strategy)
+            if is_text(experiment.data.task):
+                strategy = strategy if args.explicit_decode else None
+                return _generate_text(experiment, params, step, args, strategy)
+            task = make_task(experiment.data.task, **experiment.data.task_params)
+            max_new = args.max_new_tokens or task.max_target_len("eval") + 1
+            inputs = [task.canonical_input(text) for text in args.input]
+            for line in check_trained_length(task, inputs):
+                _say(line, sys.stderr)
+            answers = generate_from_text(
+                experiment.model, params, task.vocab, inputs, strategy, max_new, rng=args.seed
             )
-        task = make_task(experiment.data.task, **experiment.data.task_params)
-        max_new = args.max_new_tokens or task.max_target_len("eval") + 1
-        inputs = [task.canonical_input(text) for text in args.input]
-        for line in check_trained_length(task, inputs):
-            print(line, file=sys.stderr)
-        answers = generate_from_text(
-            experiment.model, params, task.vocab, inputs, strategy, max_new, rng=args.seed
-        )
     except (ValueError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost
     for text, answer in zip(args.input, answers, strict=True):
-        print(f"{text} -> {answer}")
+        _say(f"{text} -> {answer}")
     return 0
 
 
@@ -226,7 +273,7 @@ def _generate_text(experiment, params, step: int, args, strategy) -> int:
             args.max_new_tokens or task.sample_tokens,
             jax.random.fold_in(rng, i),
         )
-        print(text + decode(tokenizer, new, stop_at_eos=True))
+        _say(text + decode(tokenizer, new, stop_at_eos=True))
     return 0
 
 
@@ -238,6 +285,7 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
 
     from tfmjax.data.vocab import EOS_ID
     from tfmjax.decode import generate
+    from tfmjax.parallel.processes import to_host
 
     max_len, keep = model.config.max_len, max(model.config.max_len // 2, 1)
     ids, new = list(prompt), []
@@ -246,7 +294,8 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
         n = min(max_new_tokens - len(new), max_len - len(context))
         rng, key = jax.random.split(rng)
         out = generate(model, params, [context], strategy, n, rng=key)
-        row = [int(t) for t in jax.device_get(out.tokens)[0][: int(out.lengths[0])]]
+        tokens, lengths = to_host((out.tokens, out.lengths))
+        row = [int(t) for t in tokens[0][: int(lengths[0])]]
         ids, new = ids + row, new + row
         if EOS_ID in row or not row:
             break
@@ -257,6 +306,7 @@ def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
     """``--ids``: continue each id list by ``--max-new-tokens`` (default 16) ids, no EOS stop."""
     from tfmjax.decode import generate
     from tfmjax.models import build
+    from tfmjax.parallel.processes import to_host
 
     try:
         prompts = [[int(t) for t in text.split()] for text in args.ids]
@@ -273,8 +323,8 @@ def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
         rng=args.seed,
         eos_id=None,
     )
-    for text, row in zip(args.ids, out.tokens.tolist(), strict=True):
-        print(f"{text} -> {' '.join(map(str, row))}")
+    for text, row in zip(args.ids, to_host(out.tokens).tolist(), strict=True):
+        _say(f"{text} -> {' '.join(map(str, row))}")
     return 0
 
 

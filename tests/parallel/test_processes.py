@@ -1,5 +1,6 @@
 """Two processes x 4 CPU devices on localhost, joined through ``jax.distributed``, train like
-one process with 8 devices; they save and resume; a lost peer ends the other in bounded time.
+one process with 8 devices; they save and resume, and ``eval.py`` on both evaluates their
+checkpoint on the same mesh like one device; a lost peer ends the other in bounded time.
 
 Each process is ``python train.py`` in a subprocess (a free port, bounded timeouts); the
 one-process reference trains in this process, whose 8 simulated devices come from conftest.
@@ -22,6 +23,7 @@ import pytest
 
 from tfmjax.checkpoint import load_for_inference
 from tfmjax.config import load
+from tfmjax.evaluation.report import evaluate_checkpoint
 from tfmjax.parallel.processes import LOST_PEER_EXIT
 from tfmjax.train import train
 
@@ -58,8 +60,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(workdir: Path, steps: int, port: int) -> list[subprocess.Popen]:
-    """Processes 0 and 1 of one run, 4 CPU devices each; output goes to workdir/pI.log."""
+def launch(args: list[str], workdir: Path, port: int, log: str = "") -> list[subprocess.Popen]:
+    """Processes 0 and 1 of ``python ARGS``, 4 CPU devices each; output goes to
+    ``workdir.pI.log`` (``workdir.LOG.pI.log`` with a ``log`` name)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_NUM_CPU_DEVICES"] = "4"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -67,34 +70,35 @@ def start(workdir: Path, steps: int, port: int) -> list[subprocess.Popen]:
     for index in range(2):
         cmd = [
             sys.executable,
-            "train.py",
-            CONFIG,
-            *OVERRIDES,
-            f"train.steps={steps}",
-            f"train.workdir={workdir}",
-            "--progress=lines",
+            *args,
             f"--coordinator=localhost:{port}",
             "--num-processes=2",
             f"--process-id={index}",
             f"--peer-timeout={PEER_TIMEOUT}",
         ]
-        log = (workdir.parent / f"{workdir.name}.p{index}.log").open("w")
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        out = (workdir.parent / f"{workdir.name}{log and '.' + log}.p{index}.log").open("w")
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
     return procs
 
 
-def output(workdir: Path, index: int) -> str:
-    return (workdir.parent / f"{workdir.name}.p{index}.log").read_text()
+def start(workdir: Path, steps: int, port: int) -> list[subprocess.Popen]:
+    """Processes 0 and 1 of one training run; output goes to workdir.pI.log."""
+    args = ["train.py", CONFIG, *OVERRIDES, f"train.steps={steps}", f"train.workdir={workdir}"]
+    return launch([*args, "--progress=lines"], workdir, port)
 
 
-def finish(procs, workdir: Path) -> None:
+def output(workdir: Path, index: int, log: str = "") -> str:
+    return (workdir.parent / f"{workdir.name}{log and '.' + log}.p{index}.log").read_text()
+
+
+def finish(procs, workdir: Path, log: str = "") -> None:
     try:
         codes = [p.wait(timeout=RUN_TIMEOUT) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert codes == [0, 0], output(workdir, 0)[-3000:] + output(workdir, 1)[-3000:]
+    assert codes == [0, 0], output(workdir, 0, log)[-3000:] + output(workdir, 1, log)[-3000:]
 
 
 def past_first_step(procs, workdir: Path) -> None:
@@ -136,6 +140,21 @@ def test_two_processes_train_like_one_and_resume(tmp_path):
         # key/bias: its gradient is zero up to rounding (see test_mesh), so within steps x lr.
         atol = 6 * 3e-3 if "key" in jax.tree_util.keystr(path) else 1e-6
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+    # eval.py on both processes: the params restored onto their data=2 x fsdp=2 x tensor=2
+    # mesh (the checkpoint's own) give the one-device report; process 0 alone writes it.
+    report = tmp_path / "report.json"
+    args = ["eval.py", str(both), "--rows", "16", "--out", str(report)]
+    finish(launch(args, both, free_port(), "eval"), both, "eval")
+    got = json.loads(report.read_text())
+    want = evaluate_checkpoint(both, num_rows=16)  # one device
+    assert got["mesh"] == "data=2 x fsdp=2 x tensor=2"
+    assert want["mesh"] == "data=1 x fsdp=1 x tensor=1"
+    for key in ("loss", "perplexity", "token_accuracy", "exact_match"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+    assert got["examples"] == want["examples"] and len(want["examples"]) == 16
+    said = [output(both, i, "eval") for i in range(2)]
+    assert "exact_match" in said[0] and "exact_match" not in said[1] and "wrote" not in said[1]
 
 
 @pytest.mark.parametrize("lost", [1, 0], ids=["worker_lost", "coordinator_lost"])

@@ -45,7 +45,8 @@ calls ``save(...); wait()`` never interrupts orbax half-way through a save and n
 deadlocks on orbax's internal locks. The simplest pattern is still for the handler to set a
 flag that the loop checks once per step; both are safe.
 
-Only single-host (fully addressable) arrays are hashed; multi-host runs are not supported here.
+Arrays split over several processes are gathered to the host to be hashed (a collective:
+every process saves and restores at the same point).
 """
 
 from tfmjax.checkpoint.errors import CheckpointError
@@ -54,6 +55,7 @@ from tfmjax.checkpoint.inference import (
     load_assets,
     load_config,
     load_for_inference,
+    load_on_mesh,
     open_checkpoint_source,
     workdir_of,
 )
@@ -65,6 +67,7 @@ __all__ = [
     "load_assets",
     "load_config",
     "load_for_inference",
+    "load_on_mesh",
     "open_checkpoint_source",
     "params_hash",
     "workdir_of",

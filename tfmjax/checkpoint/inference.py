@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -10,6 +13,10 @@ import orbax.checkpoint as ocp
 from tfmjax.checkpoint.errors import CheckpointError, CorruptStep, short_error
 from tfmjax.checkpoint.hashing import params_hash
 from tfmjax.checkpoint.store import default_sharding, reader, resolve
+from tfmjax.config import from_dict
+from tfmjax.models import build
+from tfmjax.parallel.inference import inference_placement
+from tfmjax.parallel.placement import Placement, with_shardings
 
 
 def load_config(directory: str | Path) -> dict:
@@ -52,11 +59,78 @@ def load_for_inference(directory: str | Path):
     Only the params subtree is read (no optimizer state), onto the first local device, as
     the shapes and dtypes recorded in the checkpoint; no abstract target is needed.
     ``directory``: a workdir, its ``checkpoints`` dir, or one step dir (no fall-back then).
-    Turn the dict into an experiment with ``tfmjax.config.from_dict``.
+    Turn the dict into an experiment with ``tfmjax.config.from_dict``. To load onto a
+    mesh (a model too big for one device), see :func:`load_on_mesh`.
     """
+    sharding = default_sharding()
+    loaded = _load_params(directory, lambda config, tree: jax.tree.map(lambda _: sharding, tree))
+    return loaded.config, loaded.params, loaded.step
+
+
+@dataclasses.dataclass(frozen=True)
+class OnMesh:
+    """A checkpoint's params laid out on a mesh (:func:`load_on_mesh`)."""
+
+    config: dict  # the experiment config saved with the params
+    params: Any  # as saved (``{"params": ...}`` for a trained model), split as the rules say
+    step: int  # the step actually loaded
+    placement: Placement  # evaluate and decode under ``placement.context()``
+    note: str | None  # one line naming the mesh when it is not the checkpoint's own
+
+
+def load_on_mesh(directory: str | Path, mesh: Sequence[str] = (), devices=None) -> OnMesh:
+    """The newest checkpoint whose params verify, restored directly onto a mesh: every
+    device reads only its own shards of each param, as the rules of the mesh split it (no
+    device ever holds a whole sharded param; several processes each read their part).
+
+    ``mesh``: ``mesh.*=value`` overrides of the checkpoint's ``[mesh]`` (none: the
+    checkpoint's mesh fitted to the devices present; see
+    :func:`tfmjax.parallel.inference.inference_placement`). ``devices``: default all of
+    ``jax.devices()``. The integrity hash is checked over the whole arrays (gathered to the
+    host, a collective with several processes). Raises CheckpointError as
+    :func:`load_for_inference`, ConfigError (one line) for a mesh that cannot work.
+    """
+    placements = {}
+
+    def shardings(config: dict, tree):
+        experiment = from_dict(config)
+        placement, note = inference_placement(experiment, mesh, devices)
+        placements["last"] = placement, note
+        by_path = _by_path(placement.params(build(experiment.model)))
+        replicated = placement.replicated
+
+        def one(path, leaf):  # a bare params tree (an imported model) has no "params" key
+            key = jax.tree_util.keystr(path)
+            sharding = by_path.get(key, by_path.get("['params']" + key))
+            try:
+                sharding.shard_shape(tuple(leaf.shape))  # it splits this leaf evenly
+            except Exception:  # noqa: BLE001  (none, or not this leaf's: whole on every device)
+                return replicated
+            return sharding
+
+        return jax.tree_util.tree_map_with_path(one, tree)
+
+    loaded = _load_params(directory, shardings)
+    placement, note = placements["last"]
+    return OnMesh(loaded.config, loaded.params, loaded.step, placement, note)
+
+
+def _by_path(tree) -> dict:
+    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree.leaves_with_path(tree)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loaded:
+    config: dict
+    params: Any
+    step: int
+
+
+def _load_params(directory: str | Path, shardings) -> _Loaded:
+    """The newest step whose params verify, each leaf restored with the sharding
+    ``shardings(config dict, tree of the saved params' metadata)`` gives it."""
     checkpoints_dir, step = resolve(directory)
     store = reader(checkpoints_dir)
-    sharding = default_sharding()
 
     def read_one(s: int):
         metadata, config = store.read_json(s)
@@ -65,9 +139,11 @@ def load_for_inference(directory: str | Path):
             tree = store.mgr.item_metadata(s)["state"]
             tree = getattr(tree, "tree", tree)
             sub = tree[name] if name is not None else tree
-            target = jax.tree.map(
-                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), sub
-            )
+        except Exception as err:  # noqa: BLE001
+            raise CorruptStep(f"params unreadable: {short_error(err)}") from None
+        placed = shardings(config, sub)  # a mesh that cannot work: the caller's ConfigError
+        try:
+            target = with_shardings(sub, placed)
             item = {name: target} if name is not None else target
             out = store.mgr.restore(
                 s,
@@ -90,7 +166,7 @@ def load_for_inference(directory: str | Path):
         (config, params), loaded = store.first_good(step, read_one)
     finally:
         store.mgr.close()
-    return config, params, loaded
+    return _Loaded(config, params, loaded)
 
 
 def open_checkpoint_source(path, step: int, data):

@@ -2,12 +2,15 @@
 
 What ``eval.py`` runs: load the params and config a checkpoint holds (the step actually
 loaded is the one reported), rebuild the task (a text task with the tokenizer the checkpoint
-holds) and score it with :func:`tfmjax.evaluation.text_evaluator.make_evaluator`'s evaluator.
+holds) and score it with :func:`tfmjax.evaluation.text_evaluator.make_evaluator`'s evaluator,
+on one device or, restored onto it, on a mesh (the checkpoint's own by default).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tfmjax.evaluation.evaluator import NUM_ROWS
@@ -22,20 +25,41 @@ def evaluate_checkpoint(
     num_rows: int = NUM_ROWS,
     strategy=None,
     decode_seed: int = 0,
+    mesh: Sequence[str] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict:
     """Evaluate the params of a checkpoint (a workdir, its ``checkpoints`` dir or a step dir).
 
     ``strategy`` decodes the answers (default ``Greedy()``; see :class:`Evaluator`).
+    ``mesh``: None evaluates on this process's first device; a sequence of ``mesh.*=value``
+    overrides (empty: the checkpoint's own mesh fitted to the devices present) restores the
+    params onto that mesh and evaluates under it, as the training loop does (``eval.py``);
+    ``say`` gets one line naming the mesh when it is not the checkpoint's own.
     The config comes from the checkpoint. Raises CheckpointError (missing, corrupt) or
-    ConfigError (a config, split or size that does not fit), each with a one-line message.
+    ConfigError (a config, split, size or mesh that does not fit), each with a one-line message.
     """
-    from tfmjax.checkpoint import load_for_inference, open_checkpoint_source, workdir_of
+    from tfmjax.checkpoint import (
+        load_for_inference,
+        load_on_mesh,
+        open_checkpoint_source,
+        workdir_of,
+    )
     from tfmjax.config import ConfigError, from_dict
     from tfmjax.evaluation.text_evaluator import make_evaluator
     from tfmjax.models.checks import InputError
+    from tfmjax.parallel.mesh import mesh_text
 
     path = Path(path)
-    config, params, step = load_for_inference(path)
+    context, shape = contextlib.nullcontext(), {"data": 1, "fsdp": 1, "tensor": 1}
+    if mesh is None:
+        config, params, step = load_for_inference(path)
+    else:
+        loaded = load_on_mesh(path, mesh)
+        config, params, step = loaded.config, loaded.params, loaded.step
+        context = loaded.placement.context()  # batch over data, heads over tensor
+        shape = dict(loaded.placement.mesh.shape)
+        if loaded.note and say is not None:
+            say(loaded.note)
     experiment = from_dict(config)
     workdir = workdir_of(path)
     data = experiment.data
@@ -52,7 +76,8 @@ def evaluate_checkpoint(
         )
     except (ValueError, InputError) as err:
         raise ConfigError(str(err)) from None
-    metrics, rows = evaluator(params, num_rows=num_rows)
+    with context:
+        metrics, rows = evaluator(params, num_rows=num_rows)
     return {
         "checkpoint": str(path),
         "workdir": str(workdir),
@@ -62,6 +87,7 @@ def evaluate_checkpoint(
         "task": data.task,
         "split": split,
         "decode": repr(evaluator.strategy),
+        "mesh": mesh_text(shape),
         "metric_names": list(evaluator.metric_names),
         **metrics,
         "examples": rows,
@@ -76,6 +102,8 @@ def format_report(report: dict) -> str:
         f"split           {report['split']} ({report['num_examples']} examples)",
         f"decode          {report['decode']}",
     ]
+    if "mesh" in report:
+        lines.append(f"mesh            {report['mesh']}")
     for key in report.get("metric_names", ("loss", "perplexity", "token_accuracy", "exact_match")):
         lines.append(f"{key:<15} {report[key]:.4f}")
     rows = report["examples"]

@@ -35,16 +35,24 @@ def mesh_shape(cfg: MeshConfig, num_devices: int) -> dict[str, int]:
     return {axis: num_devices // fixed if size == -1 else size for axis, size in sizes.items()}
 
 
-def check_fits(experiment: Experiment, shape: dict[str, int]) -> None:
-    """ConfigError (one line) if the batch or the model does not split over ``shape``."""
-    m, d, o = experiment.model, experiment.data, experiment.optim
-    tensor, replicated = shape["tensor"], experiment.mesh.rules == "replicated"
+def check_model_fits(experiment: Experiment, shape: dict[str, int]) -> None:
+    """ConfigError (one line) if ``mesh.tensor`` does not split the heads or the FFN width."""
+    m, tensor = experiment.model, shape["tensor"]
+    if experiment.mesh.rules == "replicated":  # replicated rules split no model axis
+        return
     for field, size in (("num_heads", m.num_heads), ("d_ff", m.d_ff)):
-        if size % tensor and not replicated:  # replicated rules split no model axis
+        if size % tensor:
             raise ConfigError(
                 f"mesh.tensor={tensor} does not divide model.{field}={size}: tensor "
                 f"parallelism splits it evenly; pick a tensor size that divides {size}"
             )
+
+
+def check_fits(experiment: Experiment, shape: dict[str, int]) -> None:
+    """ConfigError (one line) if the batch or the model does not split over ``shape``."""
+    check_model_fits(experiment, shape)
+    d, o = experiment.data, experiment.optim
+    tensor, replicated = shape["tensor"], experiment.mesh.rules == "replicated"
     ways = shape["data"] * shape["fsdp"] * (tensor if replicated else 1)
     rows = d.batch_size // o.grad_accum_steps
     if rows % ways:
@@ -54,12 +62,41 @@ def check_fits(experiment: Experiment, shape: dict[str, int]) -> None:
         )
 
 
+def fit_mesh(cfg: MeshConfig, num_devices: int, every_device: bool = False) -> dict[str, int]:
+    """The mesh sizes of ``cfg`` shrunk to ``num_devices``: ``data`` first, then ``tensor``,
+    ``fsdp`` last (it is what lets a big model fit), each axis to its largest divisor whose
+    product with the others divides ``num_devices`` (e.g. ``2 x 2 x 2`` on 4 devices is
+    ``1 x 2 x 2``, on 1 device ``1 x 1 x 1``). ``every_device`` (several processes: all
+    devices must take part): ``data`` then grows to take the devices left over. A ``-1``
+    still takes the rest. Sizes that already fit are kept."""
+    sizes = {axis: getattr(cfg, axis) for axis in MESH_AXES}
+    for axis in ("data", "tensor", "fsdp"):
+        fixed = math.prod(size for size in sizes.values() if size != -1)
+        if num_devices % fixed == 0:
+            break
+        if sizes[axis] != -1:
+            others = fixed // sizes[axis]
+            fits = [d for d in range(1, sizes[axis] + 1) if sizes[axis] % d == 0]
+            sizes[axis] = max(d for d in fits if num_devices % (others * d) == 0 or d == 1)
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    if every_device and -1 not in sizes.values() and fixed < num_devices:
+        sizes["data"] *= num_devices // fixed
+    return mesh_shape(MeshConfig(**sizes, rules=cfg.rules), num_devices)
+
+
 def make_mesh(experiment: Experiment, devices=None) -> Mesh:
     """The run's mesh over the first ``data x fsdp x tensor`` of ``devices`` (default: all
     of ``jax.devices()``, every process's); checked with :func:`check_fits`."""
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(experiment.mesh, len(devices))
     check_fits(experiment, shape)
+    return device_mesh(shape, devices)
+
+
+def device_mesh(shape: dict[str, int], devices) -> Mesh:
+    """The mesh of axis sizes ``shape`` over the first of ``devices``; with several
+    processes every device must take part (ConfigError, one line, otherwise)."""
+    devices = list(devices)
     n = math.prod(shape.values())
     if n < len(devices) and jax.process_count() > 1:
         raise ConfigError(
