@@ -136,11 +136,15 @@ def tag() -> str:
     return f"process {jax.process_index()} of {jax.process_count()}: "
 
 
-def any_process(value: int) -> int:
-    """The largest ``value`` over all processes (each process must call it)."""
+def any_process(*values: int) -> int | tuple[int, ...]:
+    """The largest of each of ``values`` over all processes, in one gather (each process
+    must call it at the same point): an int for one value, else a tuple."""
     if jax.process_count() == 1:
-        return int(value)
-    return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+        out = tuple(int(v) for v in values)
+    else:
+        gathered = multihost_utils.process_allgather(np.asarray(values, np.int32))
+        out = tuple(int(v) for v in np.max(gathered.reshape(-1, len(values)), axis=0))
+    return out[0] if len(out) == 1 else out
 
 
 def to_host(tree):

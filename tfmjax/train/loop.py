@@ -49,7 +49,7 @@ from tfmjax.train.resume import restore
 from tfmjax.train.run import Run, build_run
 from tfmjax.train.state import count_params, reset_window
 from tfmjax.train.step import window_means
-from tfmjax.train.stopping import Interrupted, StopSignals, agreed_stop
+from tfmjax.train.stopping import Interrupted, StopAgreement, StopSignals
 
 
 class NonFiniteLossError(RuntimeError):
@@ -159,7 +159,8 @@ class _Loop:
         return state
 
     def run_steps(self, state, start: int, stop: StopSignals):
-        requested = agreed_stop(stop)
+        agreement = StopAgreement(stop)
+        requested = agreement.check(start)
         if requested:  # came while building, restoring or initializing: nothing to save
             raise Interrupted(requested, start)
         t = self.run.experiment.train
@@ -184,7 +185,7 @@ class _Loop:
             if self.on_step is not None:
                 self.on_step(done)
             state = self.at_step_end(state, done)
-            requested = agreed_stop(stop)
+            requested = agreement.check(done)
             if requested:
                 if self.last_saved != done:
                     self.save(state, done, None)
