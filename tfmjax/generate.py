@@ -236,9 +236,9 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
     next prompt (nanoGPT's sampling crops its context the same way)."""
     import jax
 
-    from tfmjax.data.vocab import EOS_ID
     from tfmjax.decode import generate
 
+    eos = model.config.eos_id
     max_len, keep = model.config.max_len, max(model.config.max_len // 2, 1)
     ids, new = list(prompt), []
     while len(new) < max_new_tokens:
@@ -248,13 +248,15 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
         out = generate(model, params, [context], strategy, n, rng=key)
         row = [int(t) for t in jax.device_get(out.tokens)[0][: int(out.lengths[0])]]
         ids, new = ids + row, new + row
-        if EOS_ID in row or not row:
+        if (eos is not None and eos in row) or not row:
             break
     return new
 
 
 def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
-    """``--ids``: continue each id list by ``--max-new-tokens`` (default 16) ids, no EOS stop."""
+    """``--ids``: continue each id list, exactly as given (BOS only if the model prepends it,
+    ``model.prompt_bos``), by ``--max-new-tokens`` (default 16) ids or up to and including the
+    model's EOS (``model.eos_id``: an imported model's ``eos_token_id``)."""
     from tfmjax.decode import generate
     from tfmjax.models import build
 
@@ -271,10 +273,10 @@ def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
         strategy,
         args.max_new_tokens or 16,
         rng=args.seed,
-        eos_id=None,
     )
-    for text, row in zip(args.ids, out.tokens.tolist(), strict=True):
-        print(f"{text} -> {' '.join(map(str, row))}")
+    rows, lengths = out.tokens.tolist(), out.lengths.tolist()
+    for text, row, n in zip(args.ids, rows, lengths, strict=True):
+        print(f"{text} -> {' '.join(map(str, row[:n]))}")
     return 0
 
 
