@@ -191,9 +191,11 @@ class EncoderDecoder(Family, nn.Module):
 
     @nn.nowrap
     def prefill(self, params, arrays: tuple, max_new_tokens: int):
-        """Encode once, project the cross K/V once (first decoder call) and run BOS."""
+        """Encode once, project the cross K/V once (first decoder call) and run BOS.
+        ``arrays``: :meth:`prompt_arrays`' ``(inputs, segment_ids)``, or ``(inputs,)``."""
         model, params = self.unrolled(params)
-        inputs, encoded_segment_ids = arrays
+        inputs, *given = arrays  # (inputs,): segment ids from model.pad_id
+        encoded_segment_ids = given[0] if given else padding_segments(inputs, self.config.pad_id)
         B = inputs.shape[0]
         encoded = model.apply(params, inputs, encoded_segment_ids, method="encode")
         cache = model.init_cache(B, max_new_tokens)
