@@ -102,8 +102,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     given.add_argument(
         "--ids",
         action="append",
-        help='space-separated token ids, continued as they are, e.g. "464 3290" (repeatable; '
-        "for models without the task's vocabulary, such as imported Hugging Face ones)",
+        help='space-separated token ids, e.g. "464 3290" (repeatable; for models without the '
+        "task's vocabulary, such as imported Hugging Face ones, which continue them exactly as "
+        "given, 0 included, up to their EOS; a toy-task model puts its BOS first)",
     )
     parser.add_argument(
         "--max-new-tokens",
