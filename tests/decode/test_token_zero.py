@@ -3,6 +3,8 @@ exactly the ids it is given (``model.prompt_bos = false``), as imported HF model
 is a token in prompts, rows are padded by their lengths only, and the cached decode equals
 the uncached rollout for every position scheme that measures distance in cache slots."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -71,3 +73,26 @@ def test_a_toy_model_still_puts_bos_first_and_refuses_its_pad_id_inside_a_prompt
     np.testing.assert_array_equal(plain, given)
     with pytest.raises(ValueError, match=r"padding \(0\) at 1 before a token"):
         generate(model, params, [[5, 0, 6]], Greedy(), N)
+
+
+def test_task_evaluation_reads_prompt_lengths_not_padding_ids(tiny):
+    """Toy-task batches pad with 0: a decoder-only model without a pad id evaluates them as
+    the toy model does (its prompts are cut by their lengths); an encoder-decoder whose pad
+    id is not 0 would attend to that padding and is refused in one line."""
+    from tfmjax.data import make_task
+    from tfmjax.evaluation.evaluator import Evaluator
+
+    task = make_task("reverse")
+    model, params = tiny("tiny-gpt2", vocab_size=task.vocab.size)
+    config = model.config
+    got = []
+    for cfg in (config, dataclasses.replace(config, pad_id=None)):
+        evaluator = Evaluator(cfg, task, batch_size=8, num_examples=8)
+        metrics, _ = evaluator(params)
+        predictions = evaluator.predict(params, evaluator.prompts[0])
+        got.append(({k: v for k, v in metrics.items() if k != "timing"}, predictions))
+    assert got[0][0] == got[1][0]
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+    seq2seq = dataclasses.replace(tiny("tiny-vaswani")[0].config, pad_id=1)
+    with pytest.raises(ValueError, match=r"task batches pad with 0 but model.pad_id=1"):
+        Evaluator(seq2seq, task, batch_size=8, num_examples=8)

@@ -97,12 +97,11 @@ class DecoderOnly(Family, nn.Module):
         return batch["tokens"], jnp.asarray(batch["loss_mask"], jnp.float32)
 
     @nn.nowrap
-    def eval_prompts(self, batch: dict) -> np.ndarray:
-        """Each row's ``source SEP`` (its first ``prompt_len`` tokens); the answer is not read."""
+    def eval_prompts(self, batch: dict) -> list[list[int]]:
+        """Each row's ``source SEP`` (its first ``prompt_len`` tokens) as an id list, so its
+        length is explicit whatever ``model.pad_id`` is; the answer is not read."""
         tokens, prompt_len = np.asarray(batch["tokens"]), np.asarray(batch["prompt_len"])
-        width = int(prompt_len.max())
-        keep = np.arange(width)[None, :] < prompt_len[:, None]
-        return np.where(keep, tokens[:, :width], FILL).astype(np.int32)
+        return [[int(t) for t in row[:n]] for row, n in zip(tokens, prompt_len, strict=True)]
 
     @nn.nowrap
     def eval_answers(self, batch: dict, max_new_tokens: int):

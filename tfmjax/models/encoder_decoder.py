@@ -142,6 +142,16 @@ class EncoderDecoder(Family, nn.Module):
         return batch["targets"], (self.segment_ids(batch)[1] > 0).astype(jnp.float32)
 
     @nn.nowrap
+    def check_task_padding(self, pad_id: int) -> None:
+        """Encoder inputs and targets are padded: the model must read ``pad_id`` as padding."""
+        if self.config.pad_id != pad_id:
+            raise ValueError(
+                f"task batches pad with {pad_id} but model.pad_id={self.config.pad_id}: the "
+                f"encoder would attend to the padding; set model.pad_id={pad_id} to train or "
+                "evaluate on a toy task"
+            )
+
+    @nn.nowrap
     def eval_prompts(self, batch: dict) -> np.ndarray:
         """The encoder inputs (``source EOS``)."""
         return np.asarray(batch["inputs"])

@@ -24,7 +24,9 @@ Training (the batch dict of ``batch_format``)
   ``targets_and_mask(batch)``          traced: ids the logits predict and the loss weight ``[B,T]``
 
 Evaluation on a task (host, NumPy)
-  ``eval_prompts(batch)``              ``[B,P]`` right-padded prompts that generation continues
+  ``eval_prompts(batch)``              the prompts generation continues (``[B,P]`` or id lists)
+  ``check_task_padding(pad_id)``       host: refuse task batches padded with ``pad_id`` that this
+                                       model would read as tokens
   ``eval_answers(batch, M)``           ``([B,M] reference ids, [B,M] positions that must match)``
   ``source_and_target(batch, i)``      row ``i`` as ``(source ids, target ids)``
   ``prompt_for_source(ids)``           the prompt this family was trained to continue
@@ -122,6 +124,12 @@ class Family:
 
     def eval_answers(self, batch: dict, max_new_tokens: int):
         raise self._cannot("generate")
+
+    def check_task_padding(self, pad_id: int) -> None:
+        """Task batches (:mod:`tfmjax.data.batching`) pad with ``pad_id``: a ValueError (one
+        line) if this model would read that padding as tokens that change its results. The
+        default: padding only trails each row, where a causal model never looks back at it and
+        the loss mask leaves it out."""
 
     def source_and_target(self, batch: dict, i: int):
         raise self._cannot("be evaluated on a task")
