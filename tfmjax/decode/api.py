@@ -112,7 +112,7 @@ def generate(
     emitting it (``"model"``: ``model.eos_id``; None: never stop early).
 
     Returns :class:`GenerateOutput` ``(tokens [B,M], lengths [B], log_probs [B], scores [B])``:
-    ``tokens`` hold 0 after a row's EOS.
+    ``tokens`` hold 0 after a row's EOS (0 may be a token too: ``lengths`` says where a row ends).
     """
     model = check_model(model)
     check_strategy(strategy, model.config.vocab_size)
