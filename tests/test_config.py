@@ -1,6 +1,7 @@
 """Configs are data: TOML + overrides, every field validated with one readable line."""
 
 import dataclasses
+import json
 import textwrap
 
 import jax
@@ -60,6 +61,9 @@ BAD = [
     ({"model": {"dropout_rate": 1.5}}, r"model.dropout_rate=1.5 is invalid: must be in \[0, 1\)"),
     ({"model": {"norm": "batchnorm"}}, "model.norm='batchnorm' is invalid"),
     ({"model": {"bos_id": 40, "vocab_size": 32}}, "model.bos_id=40 is invalid"),
+    ({"model": {"pad_id": 32, "vocab_size": 32}}, r"model.pad_id=32 is invalid: .*or none"),
+    ({"model": {"eos_id": -1}}, r"model.eos_id=-1 is invalid: must be a token id"),
+    ({"model": {"pad_id": "0"}}, "model.pad_id='0' is invalid: must be int or none"),
     (
         {"model": {"family": "decoder_only", "num_decoder_layers": 2}},
         "only encoder_decoder models have a separate decoder",
@@ -232,3 +236,21 @@ def test_eager_apply_refuses_token_ids_outside_the_vocabulary(family):
         model.apply(params, long)
     assert "\n" not in str(info.value)
     jax.jit(model.apply)(params, bad)  # under jit the host-side check_batch is the check
+
+
+def test_a_config_without_the_token_fields_keeps_the_old_behaviour():
+    """Checkpoints written before model.pad_id, eos_id and prompt_bos existed lack the keys:
+    they load with 0 as padding, EOS 2 and BOS before each prompt, as they ran then."""
+    raw = json.loads(json.dumps(dataclasses.asdict(C.Experiment())))
+    for key in ("pad_id", "eos_id", "prompt_bos"):
+        del raw["model"][key]
+    model = C.from_dict(raw).model
+    assert (model.pad_id, model.eos_id, model.prompt_bos) == (0, 2, True)
+
+
+def test_none_token_ids_in_toml_and_overrides(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[model]\npad_id = "none"\nposition = "none"\n')
+    experiment = C.load(path, ["model.eos_id=none"])
+    assert (experiment.model.pad_id, experiment.model.eos_id) == (None, None)
+    assert experiment.model.position == "none"

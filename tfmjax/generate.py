@@ -116,8 +116,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     given.add_argument(
         "--ids",
         action="append",
-        help='space-separated token ids, continued as they are, e.g. "464 3290" (repeatable; '
-        "for models without the task's vocabulary, such as imported Hugging Face ones)",
+        help='space-separated token ids, e.g. "464 3290" (repeatable; for models without the '
+        "task's vocabulary, such as imported Hugging Face ones, which continue them exactly as "
+        "given, 0 included, up to their EOS; a toy-task model puts its BOS first)",
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -283,10 +284,10 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
     next prompt (nanoGPT's sampling crops its context the same way)."""
     import jax
 
-    from tfmjax.data.vocab import EOS_ID
     from tfmjax.decode import generate
     from tfmjax.parallel.processes import to_host
 
+    eos = model.config.eos_id
     max_len, keep = model.config.max_len, max(model.config.max_len // 2, 1)
     ids, new = list(prompt), []
     while len(new) < max_new_tokens:
@@ -297,13 +298,15 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
         tokens, lengths = to_host((out.tokens, out.lengths))
         row = [int(t) for t in tokens[0][: int(lengths[0])]]
         ids, new = ids + row, new + row
-        if EOS_ID in row or not row:
+        if (eos is not None and eos in row) or not row:
             break
     return new
 
 
 def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
-    """``--ids``: continue each id list by ``--max-new-tokens`` (default 16) ids, no EOS stop."""
+    """``--ids``: continue each id list, exactly as given (BOS only if the model prepends it,
+    ``model.prompt_bos``), by ``--max-new-tokens`` (default 16) ids or up to and including the
+    model's EOS (``model.eos_id``: an imported model's ``eos_token_id``)."""
     from tfmjax.decode import generate
     from tfmjax.models import build
     from tfmjax.parallel.processes import to_host
@@ -321,10 +324,10 @@ def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
         strategy,
         args.max_new_tokens or 16,
         rng=args.seed,
-        eos_id=None,
     )
-    for text, row in zip(args.ids, to_host(out.tokens).tolist(), strict=True):
-        _say(f"{text} -> {' '.join(map(str, row))}")
+    rows, lengths = to_host((out.tokens, out.lengths))
+    for text, row, n in zip(args.ids, rows.tolist(), lengths.tolist(), strict=True):
+        _say(f"{text} -> {' '.join(map(str, row[:n]))}")
     return 0
 
 

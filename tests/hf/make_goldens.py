@@ -2,10 +2,17 @@
 and greedy generations, computed by torch.
 
 Needs ``pip install -e '.[hf-dev]'`` (transformers and a CPU torch). Run from the repository
-root: ``python tests/hf/make_goldens.py``. Writes ``tests/hf/goldens/<case>/`` with
-``config.json`` and ``model.safetensors`` (float16: small, and exactly float32 after
-loading), ``expected.npz`` (``input_ids``, ``logits``, ``prompts``, ``generated``), and
+root: ``python tests/hf/make_goldens.py [CASE ...]`` (default: every case). Writes
+``tests/hf/goldens/<case>/`` with ``config.json`` and ``model.safetensors`` (float16: small,
+and exactly float32 after loading; a case that has them keeps them, ``--rebuild`` draws them
+afresh), ``expected.npz`` (``input_ids``, ``logits``, ``prompts``, ``generated``; the
+``*_hf_ids`` cases also ``prompt_lengths`` and ``generated_padded``), and
 ``tests/hf/goldens/versions.json`` (the transformers and torch that computed them).
+
+Most cases use tfmjax's toy ids (0 pad, 1 bos, 2 eos). The ``*_hf_ids`` cases keep their
+architecture's own special-token layout, where 0 is a real token (GPT-2's ``!``, Llama's
+``<unk>``, BART's ``<s>``, Marian's ``</s>``), and their inputs hold 0 at the start, in the
+middle and at the end.
 
 The tests import this file for the live comparison when torch is installed.
 """
@@ -13,6 +20,7 @@ The tests import this file for the live comparison when torch is installed.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +30,7 @@ NEW_TOKENS = 16
 # Tiny models: vocabulary 96, width 32, 2 layers. Token ids: 0 pad, 1 bos, 2 eos (tfmjax's).
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 # BART and Marian share the architecture: one tiny shape for both.
-BART_SHAPE = dict(
-    IDS,
+BART_DIMS = dict(
     vocab_size=96,
     d_model=32,
     encoder_layers=2,
@@ -35,6 +42,17 @@ BART_SHAPE = dict(
     max_position_embeddings=32,
     forced_eos_token_id=None,
     init_std=0.2,
+)
+BART_SHAPE = dict(IDS, **BART_DIMS)
+GPT2_DIMS = dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=32, n_inner=32)
+LLAMA_DIMS = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
 )
 CASES = {  # case: (config class, model class, kind, config fields)
     "gpt2": (
@@ -159,6 +177,45 @@ CASES = {  # case: (config class, model class, kind, config fields)
             eos_token_id=2,
         ),
     ),
+    # The architectures' own token ids; 0 is a real token in each.
+    "gpt2_hf_ids": (  # bos = eos = the last id (GPT-2's <|endoftext|>), no pad id
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        "causal",
+        dict(GPT2_DIMS, bos_token_id=95, eos_token_id=95, initializer_range=0.2),
+    ),
+    "llama_hf_ids": (  # 0 <unk>, 1 <s>, 2 </s>, no pad id
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        "causal",
+        dict(LLAMA_DIMS, bos_token_id=1, eos_token_id=2, initializer_range=0.2),
+    ),
+    "bart_hf_ids": (  # 0 <s>, 1 <pad>, 2 </s> (also the decoder start)
+        "BartConfig",
+        "BartForConditionalGeneration",
+        "seq2seq",
+        dict(
+            BART_DIMS,
+            bos_token_id=0,
+            pad_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            forced_bos_token_id=None,
+        ),
+    ),
+    "marian_hf_ids": (  # 0 </s>, the last id <pad> (also the decoder start), no BOS
+        "MarianConfig",
+        "MarianMTModel",
+        "seq2seq",
+        dict(
+            BART_DIMS,
+            eos_token_id=0,
+            pad_token_id=95,
+            decoder_start_token_id=95,
+            scale_embedding=True,
+            activation_function="swish",
+        ),
+    ),
 }
 AUTO = {
     "causal": "AutoModelForCausalLM",
@@ -168,7 +225,11 @@ AUTO = {
 
 
 def inputs(name: str) -> dict:
-    """The token ids a case is evaluated on (BOS first; never 0, tfmjax's padding id)."""
+    """The token ids a case is evaluated on (BOS first). Toy-id cases never hold 0 (their
+    padding id); ``*_hf_ids`` cases: :func:`hf_ids_inputs`. Causal prompts start with BOS
+    themselves: generation continues exactly the ids it is given, as transformers does."""
+    if name.endswith("_hf_ids"):
+        return hf_ids_inputs(name)
     rng = np.random.default_rng(sum(map(ord, name)))
     ids = rng.integers(3, 96, size=(2, 12))
     ids[:, 0] = 1
@@ -183,10 +244,46 @@ def inputs(name: str) -> dict:
         prompts[0] = [*rng.integers(3, 96, size=5), 2]
         prompts[1, :4] = [*rng.integers(3, 96, size=3), 2]
         return {"input_ids": ids, "decoder_input_ids": decoder, "prompts": prompts}
-    prompts = np.zeros((2, 5), np.int64)
-    prompts[0] = rng.integers(3, 96, size=5)
-    prompts[1, :3] = rng.integers(3, 96, size=3)
+    prompts = np.zeros((2, 6), np.int64)
+    prompts[:, 0] = CASES[name][3]["bos_token_id"]
+    prompts[0, 1:] = rng.integers(3, 96, size=5)
+    prompts[1, 1:4] = rng.integers(3, 96, size=3)
     return {"input_ids": ids, "prompts": prompts}
+
+
+def hf_ids_inputs(name: str) -> dict:
+    """Inputs of a ``*_hf_ids`` case in its own layout, 0 at the start, middle and end.
+
+    Causal (no pad id): ``input_ids`` ``BOS 0 ... 0 ... 0``; ``prompts`` ``[2,6]`` whole rows
+    (continued as given, no BOS) and ``prompt_lengths`` for a padded batch of their starts.
+    Seq2seq: encoder ``input_ids`` and ``decoder_input_ids`` (behind the start token) with 0
+    in them; ``prompts`` right-padded with the model's pad id.
+    """
+    kind, config = CASES[name][2], CASES[name][3]
+    rng = np.random.default_rng(sum(map(ord, name)))
+    draw = lambda *shape: rng.integers(3, 95, size=shape)  # never pad, BOS or EOS
+    ids = draw(2, 12)
+    ids[0, [0, 5, 11]] = 0
+    ids[1, [3, 4, 11]] = 0
+    if kind == "causal":
+        ids[:, 0] = config["bos_token_id"]
+        ids[0, 1] = 0
+        prompts = draw(2, 6)
+        prompts[0, [0, 3, 5]] = 0
+        prompts[1, [1, 3]] = 0
+        return {"input_ids": ids, "prompts": prompts, "prompt_lengths": np.array([6, 4])}
+    pad, eos = config["pad_token_id"], config["eos_token_id"]
+    ids[0, -1] = eos  # BART: <s> ... </s> ; Marian: ... </s> (= 0)
+    decoder = draw(2, 8)
+    decoder[:, 0] = config["decoder_start_token_id"]
+    decoder[0, [1, 4, 7]] = 0
+    decoder[1, [2, 7]] = 0
+    prompts = np.full((2, 7), pad)
+    prompts[0] = [0, *draw(2), 0, *draw(2), eos]
+    prompts[1, :4] = [*draw(1), 0, *draw(1), eos]
+    if eos != 0:  # BART: <s> first
+        prompts[1, 0] = 0
+    return {"input_ids": ids, "decoder_input_ids": decoder, "prompts": prompts}
 
 
 def build_torch(name: str):
@@ -217,25 +314,30 @@ def torch_logits(model, data: dict) -> np.ndarray:
     """``[B,T,V]`` float32 logits of the arrays of :func:`inputs` (``prompts`` aside)."""
     import torch
 
-    kwargs = {k: torch.as_tensor(v) for k, v in data.items() if k != "prompts"}
+    kwargs = {
+        k: torch.as_tensor(v) for k, v in data.items() if k not in ("prompts", "prompt_lengths")
+    }
     with torch.no_grad():
         return model(**kwargs).logits.float().numpy()
 
 
-def torch_greedy(model, prompts: np.ndarray, new_tokens: int = NEW_TOKENS):
+def torch_greedy(model, prompts: np.ndarray, new_tokens: int = NEW_TOKENS, lengths=None):
     """Greedy continuation ``[B,M]`` of each right-padded prompt, one row at a time (a full
-    forward per step: the plain definition), and the smallest top-1 margin seen. Causal
-    models continue ``BOS prompt``; encoder-decoders decode behind the start token."""
+    forward per step: the plain definition), and the smallest top-1 margin seen. A row is
+    its first ``lengths[i]`` ids (default: those before the config's ``pad_token_id``; all
+    when it has none). Causal models continue exactly those ids; encoder-decoders decode
+    behind the start token."""
     import torch
 
     config = model.config
+    if lengths is None:
+        pad = config.pad_token_id
+        lengths = [len(p) if pad is None else int((p != pad).sum()) for p in prompts]
     rows, margin = [], np.inf
-    for prompt in prompts:
-        ids = [int(t) for t in prompt if t != 0]
+    for prompt, n in zip(prompts, lengths, strict=True):
+        ids = [int(t) for t in prompt[:n]]
         if config.is_encoder_decoder:
             source, ids = torch.as_tensor([ids]), [config.decoder_start_token_id]
-        else:
-            ids = [config.bos_token_id] + ids
         new = []
         for _ in range(new_tokens):
             current = torch.as_tensor([ids + new])
@@ -252,22 +354,27 @@ def torch_greedy(model, prompts: np.ndarray, new_tokens: int = NEW_TOKENS):
     return np.asarray(rows, np.int64), margin
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     import torch
     import transformers
 
+    rebuild = "--rebuild" in argv
+    names = [a for a in argv if a != "--rebuild"] or list(CASES)
     GOLDENS.mkdir(exist_ok=True)
-    for name in CASES:
-        model = build_torch(name)
+    for name in names:
         out = GOLDENS / name
-        model.half().save_pretrained(out)
         kind = CASES[name][2]
+        if rebuild or not (out / "model.safetensors").is_file():
+            build_torch(name).half().save_pretrained(out)
         model = load_torch(out, kind)
         (out / "generation_config.json").unlink(missing_ok=True)
         data = inputs(name)
         arrays = dict(data, logits=torch_logits(model, data))
         if "prompts" in data:
             generated, margin = torch_greedy(model, data["prompts"])
+            if "prompt_lengths" in data:
+                padded, more = torch_greedy(model, data["prompts"], lengths=data["prompt_lengths"])
+                arrays["generated_padded"], margin = padded, min(margin, more)
             assert margin > 1e-3, f"{name}: greedy top-1 margin {margin} too small to compare"
             arrays["generated"] = generated
             print(f"{name}: greedy margin {margin:.4f}")
@@ -277,4 +384,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -36,10 +36,14 @@ def _build_section(section: str, values: dict) -> Any:
                 f"valid keys: {', '.join(sorted(names))}"
             )
     # An override ``key=none`` reads as None; for a field that takes only strings (e.g.
-    # model.position) it means the string "none".
+    # model.position) it means the string "none". TOML has no null: there, the string
+    # "none" of a field that may be None (and takes no strings) is None.
     for f in dataclasses.fields(cls):
-        if values.get(f.name, "") is None and f.type == "str":
+        value = values.get(f.name, "")
+        if value is None and f.type == "str":
             values[f.name] = "none"
+        elif value == "none" and "None" in str(f.type) and "str" not in str(f.type):
+            values[f.name] = None
     return dataclasses.replace(base, **values)
 
 

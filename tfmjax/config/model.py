@@ -25,7 +25,9 @@ class ModelConfig:
     """Architecture. Only ``tfmjax/models/`` reads this."""
 
     family: str = option("encoder_decoder", help="encoder_decoder, decoder_only or encoder_only")
-    vocab_size: int = option(32, help="token ids are 0 .. vocab_size-1 (0 = PAD, 1 = BOS)")
+    vocab_size: int = option(
+        32, help="token ids are 0 .. vocab_size-1 (which are special: pad_id, bos_id, eos_id)"
+    )
     d_model: int = option(64, help="width D of the residual stream")
     num_heads: int = option(4, help="query heads N")
     num_kv_heads: int | None = option(
@@ -127,6 +129,20 @@ class ModelConfig:
         "float32", help="compute dtype (float32 or bfloat16); parameters stay float32"
     )
     bos_id: int = option(1, help="the id decoders are fed first")
+    pad_id: int | None = option(
+        0,
+        help="the padding id: where a batch or prompt gives no segment ids or lengths, tokens "
+        "equal to it are padding; none = no padding id (every id is a token: padding only "
+        "from explicit lengths or segment ids, as an HF attention mask)",
+    )
+    eos_id: int | None = option(
+        2, help="generation stops a row after this id (none: only after max_new_tokens)"
+    )
+    prompt_bos: bool = option(
+        True,
+        help="decoder_only generation feeds bos_id before each prompt; false: it continues "
+        "exactly the ids given (imported HF models, as transformers does)",
+    )
 
     def __post_init__(self):
         check_types("model", self)
@@ -239,6 +255,14 @@ class ModelConfig:
             self.bos_id,
             f"must be a token id in [0, model.vocab_size={self.vocab_size})",
         )
+        for name in ("pad_id", "eos_id"):
+            value = getattr(self, name)
+            require(
+                value is None or 0 <= value < self.vocab_size,
+                f"model.{name}",
+                value,
+                f"must be a token id in [0, model.vocab_size={self.vocab_size}) or none",
+            )
         if self.family != "encoder_decoder":
             require(
                 self.num_decoder_layers is None,

@@ -14,11 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfmjax.data.vocab import EOS_ID
 from tfmjax.decode.beam import beam_search
 from tfmjax.decode.loop import GenerateOutput, sample_loop
 from tfmjax.decode.strategies import STRATEGIES, BeamSearch, Greedy, TopK
-from tfmjax.models.prompts import as_right_padded, prompt_lengths
+from tfmjax.models.prompts import read_prompts
 from tfmjax.parallel.processes import to_host
 
 
@@ -51,12 +50,28 @@ def check_max_new_tokens(max_new_tokens) -> None:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: must be an int >= 1")
 
 
-def checked_prompts(model, prompts, max_new_tokens: int) -> np.ndarray:
-    """Check a generation request on the host: ``prompts`` -> right-padded int32 ``[B,P]``."""
+def checked_prompts(model, prompts, max_new_tokens: int, lengths=None):
+    """Check a generation request on the host: ``prompts`` (and ``lengths``) -> right-padded
+    int32 ``[B,P]`` and its row lengths ``[B]`` (:func:`tfmjax.models.prompts.read_prompts`
+    with the model's pad id)."""
     check_max_new_tokens(max_new_tokens)
-    arr = as_right_padded(prompts, model.config.vocab_size, model.prompt_name)
-    model.check_generation(prompt_lengths(arr), int(max_new_tokens))
-    return arr
+    cfg = model.config
+    arr, lengths = read_prompts(
+        prompts, cfg.vocab_size, model.prompt_name, pad_id=cfg.pad_id, lengths=lengths
+    )
+    model.check_generation(lengths, int(max_new_tokens))
+    return arr, lengths
+
+
+def eos_of(model, eos_id) -> int:
+    """The EOS id a row stops after: ``model.eos_id`` for ``"model"``; -1 (never) for None."""
+    if isinstance(eos_id, str) and eos_id == "model":
+        eos_id = model.config.eos_id
+    if eos_id is not None and (
+        isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))
+    ):
+        raise ValueError(f"eos_id={eos_id!r} is invalid: must be a token id (int), None or 'model'")
+    return -1 if eos_id is None else int(eos_id)
 
 
 def _as_key(rng, strategy):
@@ -72,39 +87,44 @@ def _as_key(rng, strategy):
 
 
 def generate(
-    model, params, prompts, strategy, max_new_tokens: int, *, rng=None, eos_id: int | None = EOS_ID
+    model,
+    params,
+    prompts,
+    strategy,
+    max_new_tokens: int,
+    *,
+    rng=None,
+    eos_id: int | str | None = "model",
+    lengths=None,
 ) -> GenerateOutput:
     """Generate ``max_new_tokens`` (``M``) tokens per prompt with a KV cache.
 
     ``model``: a module from :func:`tfmjax.models.build` whose family generates
     (decoder-only, encoder-decoder).
-    ``prompts``: a ``[B,P]`` int array right-padded with 0, or a list of id lists.
-    Decoder-only: the prompt ids (e.g. ``source SEP``; BOS is added here and rows are
+    ``prompts``: a list of id lists, or a ``[B,P]`` int array right-padded with the model's
+    ``model.pad_id`` (or of the row ``lengths`` given; a model without a pad id reads every
+    row whole). Any other id is a token, 0 included. Decoder-only: the prompt ids (e.g.
+    ``source SEP``; BOS is put in front here if ``model.prompt_bos``, and rows are
     left-padded internally, see :mod:`tfmjax.models.prompts`). Encoder-decoder: the encoder
     inputs (e.g. ``source EOS``).
     ``strategy``: Greedy(), Temperature(τ), TopK(k, τ), TopP(p, τ) or BeamSearch(W, alpha).
     ``rng``: a key (or int seed) for the sampling strategies. ``eos_id``: a row stops after
-    emitting it (None: never stop early).
+    emitting it (``"model"``: ``model.eos_id``; None: never stop early).
 
     Returns :class:`GenerateOutput` ``(tokens [B,M], lengths [B], log_probs [B], scores [B])``:
-    ``tokens`` hold 0 after a row's EOS.
+    ``tokens`` hold 0 after a row's EOS (0 may be a token too: ``lengths`` says where a row ends).
     """
     model = check_model(model)
     check_strategy(strategy, model.config.vocab_size)
-    arr = checked_prompts(model, prompts, max_new_tokens)
-    if eos_id is not None and (
-        isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))
-    ):
-        raise ValueError(f"eos_id={eos_id!r} is invalid: must be a token id (int) or None")
-    eos = -1 if eos_id is None else int(eos_id)
+    arr, lengths = checked_prompts(model, prompts, max_new_tokens, lengths)
+    eos = eos_of(model, eos_id)
     key = _as_key(rng, strategy)
     run = functools.partial(
         _generate_jit, model=model, strategy=strategy, max_new_tokens=int(max_new_tokens)
     )
-    lengths = prompt_lengths(arr)
     if model.equal_length_prompts and len(set(lengths.tolist())) > 1:
         return _by_length(model, params, arr, lengths, key, jnp.int32(eos), run)
-    arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr))
+    arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr, lengths))
     return run(params, arrays, key, jnp.int32(eos))
 
 
@@ -115,7 +135,7 @@ def _by_length(model, params, arr, lengths, key, eos, run) -> GenerateOutput:
     parts = []
     for i, n in enumerate(sorted(set(lengths.tolist()))):
         rows = np.flatnonzero(lengths == n)
-        arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr[rows, :n]))
+        arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr[rows, :n], lengths[rows]))
         parts.append((rows, to_host(run(params, arrays, jax.random.fold_in(key, i), eos))))
     out = []
     for field in GenerateOutput._fields:

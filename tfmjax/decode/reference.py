@@ -18,10 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfmjax.data.vocab import EOS_ID
-from tfmjax.decode.api import check_model, checked_prompts
+from tfmjax.decode.api import check_model, checked_prompts, eos_of
 from tfmjax.decode.loop import GenerateOutput
-from tfmjax.models.prompts import prompt_lengths
 
 _PLACEHOLDER = 1  # any non-pad id; causal masking hides it from the logits we read
 
@@ -34,15 +32,14 @@ def full_logits(model, params, tokens, segment_ids, context=None):
 
 
 def generate_uncached(
-    model, params, prompts, max_new_tokens: int, *, eos_id: int | None = EOS_ID
+    model, params, prompts, max_new_tokens: int, *, eos_id: int | str | None = "model", lengths=None
 ) -> GenerateOutput:
     """Greedy decoding without a cache; same arguments and output as :func:`generate`."""
     model = check_model(model)
     M = int(max_new_tokens)
-    prefix, context = model.split_prompts(checked_prompts(model, prompts, M))
-    context = None if context is None else jnp.asarray(context)
-    eos = -1 if eos_id is None else int(eos_id)
-    n = prompt_lengths(prefix)
+    prefix, n, context = model.split_prompts(*checked_prompts(model, prompts, M, lengths))
+    context = None if context is None else jax.tree.map(jnp.asarray, context)
+    eos = eos_of(model, eos_id)
     B = prefix.shape[0]
     buf = np.zeros((B, int(n.max(initial=0)) + M), np.int32)
     buf[:, : prefix.shape[1]] = prefix

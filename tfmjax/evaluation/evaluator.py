@@ -22,7 +22,7 @@ import time
 import jax
 import numpy as np
 
-from tfmjax.data import EOS_ID, eval_batches
+from tfmjax.data import EOS_ID, PAD_ID, eval_batches
 from tfmjax.decode import Greedy, generate
 from tfmjax.decode.api import checked_prompts
 from tfmjax.losses import cross_entropy, token_accuracy
@@ -96,6 +96,7 @@ class Evaluator:
         decode_seed: int = 0,
     ):
         self.model = model = build(model_config, deterministic=True)
+        model.check_task_padding(PAD_ID)  # the task batches pad with the toy vocabulary's 0
         self.task, self.split = task, split
         self.num_examples = num_examples
         self.strategy = Greedy() if strategy is None else strategy
@@ -137,7 +138,7 @@ class Evaluator:
             left -= n
         return self._metrics(sums, time.perf_counter() - start), rows
 
-    def predict(self, params, prompts: np.ndarray, rng=None) -> np.ndarray:
+    def predict(self, params, prompts, rng=None) -> np.ndarray:
         """Decoded answers ``[B,M]`` (tokens, EOS, then PAD) for ``prompts`` from
         ``model.eval_prompts``."""
         out = generate(self.model, params, prompts, self.strategy, self.max_new_tokens, rng=rng)

@@ -1,7 +1,13 @@
 """``load(directory) -> (ModelConfig, params)`` and ``save(config, params, directory)``.
 
 ``directory`` holds ``config.json`` and ``model.safetensors`` (what ``save_pretrained``
-writes). Params are ``{"params": ...}`` as ``model.init`` returns them, float32, layers
+writes), and maybe ``generation_config.json``, whose ``eos_token_id`` wins over config.json's.
+Token ids come from the checkpoint: ``model.pad_id`` is ``pad_token_id`` (None where the model
+has none, as GPT-2 and Llama: padding then comes from explicit lengths or segment ids),
+``model.eos_id`` the (first) ``eos_token_id``, and an imported model continues exactly the
+ids it is given (``model.prompt_bos = false``), as transformers does.
+
+Params are ``{"params": ...}`` as ``model.init`` returns them, float32, layers
 stacked when ``model.scan_layers`` (the default).
 """
 
@@ -21,7 +27,6 @@ import tfmjax.hf.llama as llama
 import tfmjax.hf.t5 as t5
 import tfmjax.hf.tensors as tensors
 from tfmjax.config import ConfigError, ModelConfig
-from tfmjax.data.vocab import EOS_ID, PAD_ID
 from tfmjax.hf.arch import Architecture
 from tfmjax.hf.errors import HFError
 from tfmjax.hf.fields import Fields
@@ -33,6 +38,8 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 # Settings of how tfmjax runs a model, not of the function it computes: export ignores them.
 RUNTIME_FIELDS = ("dropout_rate", "attention_impl", "scan_layers", "remat", "dtype")
+# Token ids and prompt layout: written as config.json's token ids, not part of the function.
+TOKEN_FIELDS = ("pad_id", "eos_id", "prompt_bos")
 
 
 def read_config(directory: str | Path) -> dict:
@@ -40,6 +47,17 @@ def read_config(directory: str | Path) -> dict:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise HFError(f"{path} does not exist: pass a directory written by save_pretrained")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise HFError(f"{path} is not valid JSON: {err}") from None
+
+
+def read_generation_config(directory: str | Path) -> dict:
+    """The ``generation_config.json`` of an HF directory as a dict ({} when absent)."""
+    path = Path(directory) / "generation_config.json"
+    if not path.is_file():
+        return {}
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -64,6 +82,12 @@ def config_from_hf(raw: dict, **overrides) -> ModelConfig:
         fields.expect(name, (None, "eager", "sdpa"))
     try:
         cfg = arch.config_from_hf(fields)
+        cfg = dataclasses.replace(
+            cfg,
+            pad_id=fields.token_id("pad_token_id", cfg.vocab_size, None),
+            eos_id=fields.token_id("eos_token_id", cfg.vocab_size, None),
+            prompt_bos=False,
+        )
     except ConfigError as err:
         raise HFError(f"config.json maps to an invalid tfmjax config: {err}") from None
     fields.finish()
@@ -89,6 +113,9 @@ def load(directory: str | Path, **overrides) -> tuple[ModelConfig, dict]:
     """``(ModelConfig, params)`` of an HF directory; ``overrides`` replace config fields that
     do not change the function (``scan_layers=False``, ``attention_impl=...``)."""
     raw = read_config(directory)
+    eos = read_generation_config(directory).get("eos_token_id")
+    if eos is not None:
+        raw["eos_token_id"] = eos
     cfg, arch = config_from_hf(raw, **overrides), architecture_of(raw)
     found = _with_prefix(tensors.read(directory), arch.prefix)
     flat = import_params(found, arch.mapping(cfg), abstract_params(cfg))
@@ -99,7 +126,8 @@ def _diff(cfg: ModelConfig, back: ModelConfig) -> list[str]:
     return [
         f"model.{f.name}={getattr(cfg, f.name)!r} (it needs {getattr(back, f.name)!r})"
         for f in dataclasses.fields(cfg)
-        if f.name not in RUNTIME_FIELDS and getattr(cfg, f.name) != getattr(back, f.name)
+        if f.name not in RUNTIME_FIELDS + TOKEN_FIELDS
+        and getattr(cfg, f.name) != getattr(back, f.name)
     ]
 
 
@@ -128,7 +156,7 @@ def architecture_for(cfg: ModelConfig, name: str | None = None) -> Architecture:
 def hf_config(cfg: ModelConfig, arch: Architecture, dtype: str, extra: dict | None) -> dict:
     """The ``config.json`` of an export: the architecture's fields, then ``extra``."""
     out = {"architectures": [arch.hf_class], **arch.config_to_hf(cfg), "dtype": dtype}
-    out.update(pad_token_id=PAD_ID, eos_token_id=EOS_ID)  # tfmjax's ids unless extra says
+    out.update(pad_token_id=cfg.pad_id, eos_token_id=cfg.eos_id)  # the model's, unless extra
     out.update({k: v for k, v in (extra or {}).items() if k not in out or k.endswith("_id")})
     return dict(sorted(out.items()))
 

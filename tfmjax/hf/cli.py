@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tfmjax.checkpoint import Checkpointer, CheckpointError, load_for_inference
-from tfmjax.config import ConfigError, Experiment, TrainConfig, from_dict
+from tfmjax.config import ConfigError, Experiment, ModelConfig, TrainConfig, from_dict
 from tfmjax.hf.api import load, save
 from tfmjax.hf.errors import HFError
 
@@ -35,9 +35,11 @@ def toml_value(value) -> str:
 
 
 def finetune_toml(experiment: Experiment) -> str:
-    """An experiment file: the imported ``[model]`` and ``train.init_from``; None fields are
-    their defaults, so they are left out."""
+    """An experiment file: the imported ``[model]`` and ``train.init_from``. A None field is
+    left out where None is its default, else written ``"none"`` (TOML has no null)."""
     model = dataclasses.asdict(experiment.model)
+    defaults = dataclasses.asdict(ModelConfig())
+    model = {k: "none" if v is None and defaults[k] is not None else v for k, v in model.items()}
     lines = [
         "# Written by python -m tfmjax.hf import; pick a data.task to fine-tune on.",
         "[model]",

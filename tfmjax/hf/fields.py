@@ -94,8 +94,9 @@ class Fields:
     def refuse(self, name: str, value: Any, why: str) -> None:
         raise HFError(f"config.json field {name}={value!r} is not supported ({self.arch}): {why}")
 
-    def token_id(self, name: str, vocab_size: int, default: int) -> int:
-        """A token id field (``bos_token_id``, ...) inside the vocabulary, else ``default``."""
+    def token_id(self, name: str, vocab_size: int, default: int | None) -> int | None:
+        """A token id field (``bos_token_id``, ...) inside the vocabulary, else ``default``;
+        of a list (several EOS ids), the first."""
         value = self.get(name, None)
         if isinstance(value, list):
             value = value[0] if value else None

@@ -318,7 +318,8 @@ def sae_report(run: Run, layer: int, config: SAEConfig, batches: int = 16, stack
 def _positions(run: Run, batch: dict):
     """``[B,T]`` True at the decoder positions that hold a real input (not padding)."""
     ids = batch["targets"] if "targets" in batch and "inputs" in batch else batch["tokens"]
-    return jnp.arange(ids.shape[1])[None, :] <= jnp.sum(ids > 0, axis=1)[:, None] - 1
+    n = np.sum(run.model.token_mask(ids), axis=1)  # tokens that are not the model's pad id
+    return jnp.arange(ids.shape[1])[None, :] <= jnp.asarray(n)[:, None] - 1
 
 
 def phase_report(workdir: str | Path, length: int = 10, batch: int = 32) -> dict:

@@ -185,15 +185,15 @@ def _patterns(run, batch, args, out: Path) -> dict:
 def _side_labels(run, row: dict) -> dict:
     """Token labels of one row's positions on each side, padding cut: the encoder reads its
     inputs; a decoder reads BOS and then its tokens (shifted right)."""
-    out = {}
+    out, real = {}, run.model.token_mask  # False on the model's pad id
     if "inputs" in row:
         ids = np.asarray(row["inputs"][0])
-        out["encoder"] = token_labels(run, ids[ids > 0])
+        out["encoder"] = token_labels(run, ids[real(ids)])
         targets = np.asarray(row["targets"][0])
     else:
         targets = np.asarray(row["tokens"][0])
-        out["encoder"] = token_labels(run, targets[targets > 0])  # encoder-only
-    out["decoder"] = token_labels(run, [run.model.config.bos_id, *targets[targets > 0][:-1]])
+        out["encoder"] = token_labels(run, targets[real(targets)])  # encoder-only
+    out["decoder"] = token_labels(run, [run.model.config.bos_id, *targets[real(targets)][:-1]])
     return out
 
 

@@ -104,9 +104,14 @@ def positions_from_segments(segment_ids):
     return jnp.where(segment_ids > 0, positions, 0).astype(jnp.int32)
 
 
-def padding_segments(tokens):
-    """Segment ids that mark padding only: 1 for tokens, 0 for the pad id 0. ``[B,T]``."""
-    return (tokens != 0).astype(jnp.int32)
+def padding_segments(tokens, pad_id: int | None):
+    """Segment ids that mark padding only: 0 where ``tokens == pad_id``, else 1. ``[B,T]``.
+
+    ``pad_id`` is ``model.pad_id``; None (a vocabulary without a padding id, e.g. GPT-2):
+    every id is a token, and padding must come as explicit segment ids or lengths."""
+    if pad_id is None:
+        return jnp.ones(tokens.shape, jnp.int32)
+    return (tokens != pad_id).astype(jnp.int32)
 
 
 class Embedder(nn.Module):

@@ -2,11 +2,13 @@
 
 ``model.apply(params, {"tokens": [B,T]})`` returns logits ``[B,T,V]`` where ``logits[:, t]``
 predicts ``tokens[:, t]`` from ``BOS, tokens[:, :t]`` (the model shifts right itself).
-Optional batch keys: ``segment_ids [B,T]`` (packing; 0 = padding) and ``positions [B,T]``.
+Optional batch keys: ``segment_ids [B,T]`` (packing; 0 = padding; default: 0 where a token is
+``model.pad_id``) and ``positions [B,T]``.
 
 Trains on ``prompt_answer`` batches (``tokens``, ``loss_mask``, ``prompt_len``; see
 :mod:`tfmjax.data.batching`); the family methods are described in :mod:`tfmjax.models.family`.
-Generation left-pads prompts behind BOS (:mod:`tfmjax.models.prompts`).
+Generation left-pads prompts, behind BOS when ``model.prompt_bos`` (the toy tasks) and as
+they are otherwise (imported models: :mod:`tfmjax.models.prompts`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from tfmjax.config import ModelConfig
 from tfmjax.data.batching import split_prompt_answer
-from tfmjax.data.vocab import PAD_ID, SEP_ID
+from tfmjax.data.vocab import SEP_ID
 from tfmjax.layers.blocks import BlockInputs, SelfAttentionBlock
 from tfmjax.layers.stack import layer_cache
 from tfmjax.models.cache import KVCache
@@ -36,7 +38,7 @@ from tfmjax.models.common import (
     shift_right,
 )
 from tfmjax.models.family import Family
-from tfmjax.models.prompts import left_pad_decoder_prompts
+from tfmjax.models.prompts import FILL, left_pad_decoder_prompts, prompt_lengths
 
 
 class DecoderOnly(Family, nn.Module):
@@ -61,7 +63,7 @@ class DecoderOnly(Family, nn.Module):
         tokens = batch["tokens"]
         check_length(tokens.shape[1], self.config)
         check_concrete_tokens(tokens, self.config.vocab_size, "tokens")
-        segment_ids = batch.get("segment_ids", padding_segments(tokens))
+        segment_ids = batch.get("segment_ids", padding_segments(tokens, self.config.pad_id))
         positions = batch.get("positions", segment_positions(segment_ids))
         inputs = shift_right(tokens, segment_ids, self.config.bos_id)
         logits, _ = self.forward(inputs, positions, segment_ids)
@@ -95,12 +97,11 @@ class DecoderOnly(Family, nn.Module):
         return batch["tokens"], jnp.asarray(batch["loss_mask"], jnp.float32)
 
     @nn.nowrap
-    def eval_prompts(self, batch: dict) -> np.ndarray:
-        """Each row's ``source SEP`` (its first ``prompt_len`` tokens); the answer is not read."""
+    def eval_prompts(self, batch: dict) -> list[list[int]]:
+        """Each row's ``source SEP`` (its first ``prompt_len`` tokens) as an id list, so its
+        length is explicit whatever ``model.pad_id`` is; the answer is not read."""
         tokens, prompt_len = np.asarray(batch["tokens"]), np.asarray(batch["prompt_len"])
-        width = int(prompt_len.max())
-        keep = np.arange(width)[None, :] < prompt_len[:, None]
-        return np.where(keep, tokens[:, :width], PAD_ID).astype(np.int32)
+        return [[int(t) for t in row[:n]] for row, n in zip(tokens, prompt_len, strict=True)]
 
     @nn.nowrap
     def eval_answers(self, batch: dict, max_new_tokens: int):
@@ -110,7 +111,7 @@ class DecoderOnly(Family, nn.Module):
         idx = prompt_len[:, None] + np.arange(max_new_tokens)[None, :]
         inside = idx < width
         idx = np.minimum(idx, width - 1)
-        targets = np.where(inside, np.take_along_axis(tokens, idx, axis=1), PAD_ID)
+        targets = np.where(inside, np.take_along_axis(tokens, idx, axis=1), FILL)
         return targets.astype(np.int32), inside & (np.take_along_axis(mask, idx, axis=1) > 0)
 
     @nn.nowrap
@@ -129,8 +130,14 @@ class DecoderOnly(Family, nn.Module):
 
     @nn.nowrap
     def check_generation(self, lengths, max_new_tokens: int) -> None:
-        """Prompt + new tokens must fit in ``model.max_len`` positions."""
+        """Prompt + new tokens must fit in ``model.max_len`` positions; without BOS
+        (``model.prompt_bos = false``) every prompt needs a token to continue."""
         longest, limit = int(np.max(lengths)), self.config.max_len
+        if not self.config.prompt_bos and int(np.min(lengths)) < 1:
+            raise ValueError(
+                "an empty prompt: this model continues exactly the ids it is given "
+                "(model.prompt_bos = false), so each prompt needs at least one id"
+            )
         if longest + max_new_tokens > limit:
             raise ValueError(
                 f"prompt length {longest} + max_new_tokens {max_new_tokens} = "
@@ -138,9 +145,14 @@ class DecoderOnly(Family, nn.Module):
             )
 
     @nn.nowrap
-    def prompt_arrays(self, prompts: np.ndarray) -> tuple:
-        """Right-padded ``[B,P]`` -> left-padded ``(ids, positions, segment_ids)`` ``[B,P']``."""
-        return tuple(left_pad_decoder_prompts(prompts, self.config.bos_id)[:3])
+    def prompt_arrays(self, prompts: np.ndarray, lengths=None) -> tuple:
+        """Right-padded ``[B,P]`` of ``lengths`` (default: before ``model.pad_id``) ->
+        left-padded ``(ids, positions, segment_ids)`` ``[B,P']``, behind BOS if
+        ``model.prompt_bos``."""
+        cfg = self.config
+        lengths = prompt_lengths(prompts, cfg.pad_id) if lengths is None else lengths
+        bos = cfg.bos_id if cfg.prompt_bos else None
+        return tuple(left_pad_decoder_prompts(prompts, lengths, bos)[:3])
 
     @nn.nowrap
     def init_cache(self, batch: int, capacity: int) -> KVCache:
@@ -173,18 +185,18 @@ class DecoderOnly(Family, nn.Module):
         return logits[:, 0], dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1)
 
     @nn.nowrap
-    def split_prompts(self, prompts: np.ndarray):
+    def split_prompts(self, prompts: np.ndarray, lengths):
         """The whole prompt is the decoder's prefix; there is no separate context."""
-        return prompts, None
+        return prompts, np.asarray(lengths, np.int32), None
 
     @nn.nowrap
     def sequence_logits(self, params, tokens, segment_ids, context=None):
-        """Uncached ``[B,T,V]`` of right-padded tokens; ``logits[:, j]`` predicts token ``j``."""
-        return self.apply(
-            params,
-            {
-                "tokens": tokens,
-                "segment_ids": segment_ids,
-                "positions": positions_from_segments(segment_ids),
-            },
-        )
+        """Uncached ``[B,T,V]`` of right-padded tokens; ``logits[:, j]`` predicts token ``j``
+        (from BOS and the tokens before it; without ``model.prompt_bos``, from the tokens
+        before it alone: ``logits[:, 0]`` is then zeros, nothing predicts the first token)."""
+        positions = positions_from_segments(segment_ids)
+        if self.config.prompt_bos:
+            batch = {"tokens": tokens, "segment_ids": segment_ids, "positions": positions}
+            return self.apply(params, batch)
+        logits, _ = self.apply(params, tokens, positions, segment_ids, method="forward")
+        return jnp.pad(logits[:, :-1], ((0, 0), (1, 0), (0, 0)))

@@ -2,7 +2,9 @@
 
 ``model.apply(params, {"inputs": [B,S], "targets": [B,T]})`` returns logits ``[B,T,V]``;
 ``logits[:, t]`` predicts ``targets[:, t]`` from the inputs and ``BOS, targets[:, :t]``
-(teacher forcing). ``encode`` and ``decode`` are separate methods for generation:
+(teacher forcing). Optional batch keys ``input_segment_ids [B,S]`` and
+``target_segment_ids [B,T]`` (0 = padding); without them, a token equal to ``model.pad_id`` is
+padding. ``encode`` and ``decode`` are separate methods for generation:
 ``model.apply(params, inputs, method="encode")``.
 
 Trains on ``seq2seq`` batches (``inputs``, ``targets``; see :mod:`tfmjax.data.batching`);
@@ -18,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfmjax.config import ModelConfig
-from tfmjax.data.vocab import EOS_ID, PAD_ID
+from tfmjax.data.vocab import EOS_ID
 from tfmjax.layers.blocks import BlockInputs, DecoderBlock, EncoderBlock
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.norms import make_norm
@@ -37,6 +39,7 @@ from tfmjax.models.common import (
     shift_right,
 )
 from tfmjax.models.family import Family
+from tfmjax.models.prompts import prompt_lengths, segments_from_lengths
 
 
 class EncoderDecoder(Family, nn.Module):
@@ -69,21 +72,33 @@ class EncoderDecoder(Family, nn.Module):
         for name, ids in (("inputs", inputs), ("targets", targets)):
             check_length(ids.shape[1], self.config, name)
             check_concrete_tokens(ids, self.config.vocab_size, name)
-        encoded = self.encode(inputs)
-        segment_ids = padding_segments(targets)
+        input_segment_ids, segment_ids = self.segment_ids(batch)
+        encoded = self.encode(inputs, input_segment_ids)
         decoder_in = shift_right(targets, segment_ids, self.config.bos_id)
         logits, _ = self.decode(
             decoder_in,
             segment_positions(segment_ids),
             segment_ids,
             encoded,
-            padding_segments(inputs),
+            input_segment_ids,
         )
         return logits
 
-    def encode(self, inputs):
-        """``inputs [B,S]`` (0 = padding) -> encoder output ``[B,S,D]``."""
-        segment_ids = padding_segments(inputs)
+    @nn.nowrap
+    def segment_ids(self, batch: dict):
+        """``(input_segment_ids [B,S], target_segment_ids [B,T])``: the batch's, else 0 where
+        a token is ``model.pad_id``."""
+        pad = self.config.pad_id
+        return tuple(
+            batch.get(f"{side}_segment_ids", padding_segments(batch[key], pad))
+            for side, key in (("input", "inputs"), ("target", "targets"))
+        )
+
+    def encode(self, inputs, segment_ids=None):
+        """``inputs [B,S]`` -> encoder output ``[B,S,D]``; ``segment_ids [B,S]`` (0 =
+        padding) default to 0 where an input is ``model.pad_id``."""
+        if segment_ids is None:
+            segment_ids = padding_segments(inputs, self.config.pad_id)
         positions = segment_positions(segment_ids)
         slopes, bias = self.encoder_extras(inputs.shape[1], inputs.shape[1])
         x = self.embedder(inputs, positions, deterministic=self.deterministic)
@@ -124,8 +139,17 @@ class EncoderDecoder(Family, nn.Module):
     @nn.nowrap
     def targets_and_mask(self, batch: dict):
         """The targets themselves; loss on every non-padding target token (EOS included)."""
-        targets = batch["targets"]
-        return targets, (targets != PAD_ID).astype(jnp.float32)
+        return batch["targets"], (self.segment_ids(batch)[1] > 0).astype(jnp.float32)
+
+    @nn.nowrap
+    def check_task_padding(self, pad_id: int) -> None:
+        """Encoder inputs and targets are padded: the model must read ``pad_id`` as padding."""
+        if self.config.pad_id != pad_id:
+            raise ValueError(
+                f"task batches pad with {pad_id} but model.pad_id={self.config.pad_id}: the "
+                f"encoder would attend to the padding; set model.pad_id={pad_id} to train or "
+                "evaluate on a toy task"
+            )
 
     @nn.nowrap
     def eval_prompts(self, batch: dict) -> np.ndarray:
@@ -134,11 +158,13 @@ class EncoderDecoder(Family, nn.Module):
 
     @nn.nowrap
     def eval_answers(self, batch: dict, max_new_tokens: int):
-        """The targets (answer, EOS, then PAD), cut or padded to ``M``, and their non-PAD mask."""
-        targets = np.zeros((batch["targets"].shape[0], max_new_tokens), np.int32)
-        width = min(max_new_tokens, batch["targets"].shape[1])
+        """The targets (answer, EOS, then padding), cut or padded to ``M``, and their
+        non-padding mask (:meth:`segment_ids`)."""
+        B, width = batch["targets"].shape[0], min(max_new_tokens, batch["targets"].shape[1])
+        targets, real = np.zeros((B, max_new_tokens), np.int32), np.zeros((B, max_new_tokens))
         targets[:, :width] = batch["targets"][:, :width]
-        return targets, targets != PAD_ID
+        real[:, :width] = np.asarray(self.segment_ids(batch)[1])[:, :width]
+        return targets, real > 0
 
     @nn.nowrap
     def source_and_target(self, batch: dict, i: int):
@@ -158,9 +184,11 @@ class EncoderDecoder(Family, nn.Module):
             raise ValueError(f"max_new_tokens {max_new_tokens} exceeds model.max_len={limit}")
 
     @nn.nowrap
-    def prompt_arrays(self, prompts: np.ndarray) -> tuple:
-        """The right-padded encoder inputs as they are: ``(inputs [B,S],)``."""
-        return (prompts,)
+    def prompt_arrays(self, prompts: np.ndarray, lengths=None) -> tuple:
+        """The right-padded encoder inputs as they are and their segment ids from ``lengths``
+        (default: before ``model.pad_id``): ``(inputs [B,S], segment_ids [B,S])``."""
+        lengths = prompt_lengths(prompts, self.config.pad_id) if lengths is None else lengths
+        return prompts, segments_from_lengths(lengths, prompts.shape[1])
 
     @nn.nowrap
     def init_cache(self, batch: int, capacity: int) -> KVCache:
@@ -173,12 +201,13 @@ class EncoderDecoder(Family, nn.Module):
 
     @nn.nowrap
     def prefill(self, params, arrays: tuple, max_new_tokens: int):
-        """Encode once, project the cross K/V once (first decoder call) and run BOS."""
+        """Encode once, project the cross K/V once (first decoder call) and run BOS.
+        ``arrays``: :meth:`prompt_arrays`' ``(inputs, segment_ids)``, or ``(inputs,)``."""
         model, params = self.unrolled(params)
-        (inputs,) = arrays
+        inputs, *given = arrays  # (inputs,): segment ids from model.pad_id
+        encoded_segment_ids = given[0] if given else padding_segments(inputs, self.config.pad_id)
         B = inputs.shape[0]
-        encoded_segment_ids = padding_segments(inputs)
-        encoded = model.apply(params, inputs, method="encode")
+        encoded = model.apply(params, inputs, encoded_segment_ids, method="encode")
         cache = model.init_cache(B, max_new_tokens)
         bos = jnp.full((B, 1), self.config.bos_id, jnp.int32)
         logits, layers = model.apply(
@@ -217,23 +246,29 @@ class EncoderDecoder(Family, nn.Module):
         return logits[:, 0], dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1)
 
     @nn.nowrap
-    def split_prompts(self, prompts: np.ndarray):
-        """The prompts are the encoder's context; the decoder starts empty (behind BOS)."""
-        return np.zeros((prompts.shape[0], 0), np.int32), prompts
+    def split_prompts(self, prompts: np.ndarray, lengths):
+        """The prompts and their segment ids are the encoder's context; the decoder starts
+        empty (behind BOS)."""
+        B = prompts.shape[0]
+        context = (prompts, segments_from_lengths(lengths, prompts.shape[1]))
+        return np.zeros((B, 0), np.int32), np.zeros((B,), np.int32), context
 
     @nn.nowrap
     def sequence_logits(self, params, tokens, segment_ids, context=None):
-        """Uncached ``[B,T,V]``: encoder over ``context``, decoder over ``BOS, tokens[:, :-1]``."""
+        """Uncached ``[B,T,V]``: encoder over ``context`` (inputs, or ``(inputs, segment
+        ids)``), decoder over ``BOS, tokens[:, :-1]``."""
         bos = self.config.bos_id
         shifted = jnp.concatenate([jnp.full_like(tokens[:, :1], bos), tokens[:, :-1]], axis=1)
-        encoded = self.apply(params, context, method="encode")
+        if not isinstance(context, tuple):
+            context = (context, padding_segments(context, self.config.pad_id))
+        encoded = self.apply(params, *context, method="encode")
         logits, _ = self.apply(
             params,
             shifted,
             positions_from_segments(segment_ids),
             segment_ids,
             encoded,
-            padding_segments(context),
+            context[1],
             method="decode",
         )
         return logits

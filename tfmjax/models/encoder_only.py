@@ -51,7 +51,7 @@ class EncoderOnly(Family, nn.Module):
         tokens = batch["tokens"]
         check_length(tokens.shape[1], self.config)
         check_concrete_tokens(tokens, self.config.vocab_size, "tokens")
-        segment_ids = batch.get("segment_ids", padding_segments(tokens))
+        segment_ids = batch.get("segment_ids", padding_segments(tokens, self.config.pad_id))
         positions = batch.get("positions", segment_positions(segment_ids))
         slopes, bias = self.extras(tokens.shape[1], tokens.shape[1])
         x = self.embedder(

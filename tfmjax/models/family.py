@@ -24,21 +24,26 @@ Training (the batch dict of ``batch_format``)
   ``targets_and_mask(batch)``          traced: ids the logits predict and the loss weight ``[B,T]``
 
 Evaluation on a task (host, NumPy)
-  ``eval_prompts(batch)``              ``[B,P]`` right-padded prompts that generation continues
+  ``eval_prompts(batch)``              the prompts generation continues (``[B,P]`` or id lists)
+  ``check_task_padding(pad_id)``       host: refuse task batches padded with ``pad_id`` that this
+                                       model would read as tokens
   ``eval_answers(batch, M)``           ``([B,M] reference ids, [B,M] positions that must match)``
   ``source_and_target(batch, i)``      row ``i`` as ``(source ids, target ids)``
   ``prompt_for_source(ids)``           the prompt this family was trained to continue
+  ``token_mask(ids)``                  host: True where ``ids`` are tokens (not ``model.pad_id``)
 
 Generation with a KV cache (``M`` new tokens; :mod:`tfmjax.decode` drives these)
   ``check_generation(lengths, M)``     host: prompts of these lengths fit the positions
-  ``prompt_arrays(prompts)``           host: right-padded ``[B,P]`` -> the arrays ``prefill`` takes
+  ``prompt_arrays(prompts, lengths)``  host: right-padded ``[B,P]`` of ``lengths [B]`` (None: up
+                                       to ``model.pad_id``) -> the arrays ``prefill`` takes
   ``init_cache(batch, capacity)``      an empty :class:`~tfmjax.models.cache.KVCache`
   ``kv_cache_bytes(batch, capacity)``  bytes of its keys and values
   ``layer_stacks()``                   ``{params collection: layers}`` of the layer stacks
   ``unrolled(params)``                 ``(model, params)`` with the layers unrolled (decoding)
   ``prefill(params, arrays, M)``       ``(logits [B,V] of the first new token, cache)``
   ``decode_step(params, cache, ids)``  feed ``ids [B]``: ``(next logits [B,V], cache)``
-  ``split_prompts(prompts)``           ``(decoder prefix [B,P'], context or None)`` (uncached twin)
+  ``split_prompts(prompts, lengths)``  ``(decoder prefix [B,P'], its lengths [B], context or
+                                       None)`` (uncached twin)
   ``sequence_logits(params, tokens, segment_ids, context)``  uncached ``[B,T,V]`` for that twin
 
 Subclasses define these with ``@nn.nowrap``: they are plain Python around ``apply``, not
@@ -120,11 +125,23 @@ class Family:
     def eval_answers(self, batch: dict, max_new_tokens: int):
         raise self._cannot("generate")
 
+    def check_task_padding(self, pad_id: int) -> None:
+        """Task batches (:mod:`tfmjax.data.batching`) pad with ``pad_id``: a ValueError (one
+        line) if this model would read that padding as tokens that change its results. The
+        default: padding only trails each row, where a causal model never looks back at it and
+        the loss mask leaves it out."""
+
     def source_and_target(self, batch: dict, i: int):
         raise self._cannot("be evaluated on a task")
 
     def prompt_for_source(self, source_ids: list[int]) -> list[int]:
         raise self._cannot("generate")
+
+    def token_mask(self, ids) -> np.ndarray:
+        """True where ``ids`` are tokens, False on padding (``model.pad_id``; a model without
+        a pad id has no padding id, every id is a token). NumPy, same shape as ``ids``."""
+        ids, pad = np.asarray(ids), self.config.pad_id
+        return np.ones(ids.shape, bool) if pad is None else ids != pad
 
     def layer_stacks(self) -> dict[str, int]:
         """``{params collection name: number of layers}`` of the model's layer stacks."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tfmjax.config import ConfigError, Experiment
 from tfmjax.data.sources import is_text, open_source
+from tfmjax.data.vocab import PAD_ID
 from tfmjax.evaluation.text_evaluator import make_evaluator
 from tfmjax.models import FAMILIES, build
 from tfmjax.models.checks import InputError
@@ -72,6 +73,8 @@ def _source(experiment: Experiment, model):
         )
     try:
         source = open_source(data.task, data.task_params)
+        if not is_text(data.task):
+            model.check_task_padding(PAD_ID)
     except ValueError as err:
         raise ConfigError(f"data.task={data.task!r}: {err}") from None
     vocab_size = experiment.model.vocab_size
