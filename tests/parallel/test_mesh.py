@@ -256,3 +256,23 @@ def test_a_resume_may_change_the_mesh_and_an_old_checkpoint_has_none():
     assert allowed == ["mesh.data 1 -> 2", "mesh.tensor 1 -> 4"] and refused == []
     del saved["mesh"]  # a checkpoint written before meshes existed
     assert config_changes(saved, now) == ([], [])
+
+
+def test_masked_lm_eval_rows_on_a_mesh_equal_one_device():
+    """The masked-LM fill-in rows (5 of the first eval batch, which do not split over 2
+    devices) on a data=2 mesh: they come from the whole batch and equal one device's; so do
+    the metrics (within 1e-5). The stress tool found that training aborted here."""
+    import dataclasses
+
+    from tfmjax.config import MeshConfig
+
+    exp = load("configs/shakespeare_mlm.toml", [*SMALL, "model.max_len=64", "mesh.data=2"])
+    run = build_run(exp)
+    state = create_state(run.model, run.tx, run.batch(0), 0, run.state_shardings)
+    with run.placement.context():
+        metrics, rows = run.evaluator(state.params)
+    one = build_run(dataclasses.replace(exp, mesh=MeshConfig()))
+    want_metrics, want_rows = one.evaluator(jax.device_get(state.params))
+    assert len(rows) == 5 and rows == want_rows
+    for key in ("loss", "token_accuracy", "unigram_accuracy"):
+        np.testing.assert_allclose(metrics[key], want_metrics[key], rtol=1e-5)

@@ -75,6 +75,7 @@ class TextEvaluator:
         # A sample never runs past the model's positions (a learned table ends at max_len).
         self.sample_tokens = min(p.sample_tokens, model_config.max_len - prompt_tokens)
         self._row_sums = jax.jit(functools.partial(row_sums, model))
+        self._guesses = jax.jit(lambda params, tokens: model.apply(params, tokens).argmax(-1))
         if model.batch_format == "masked_lm":
             counts = np.bincount(source.ids["train"], minlength=source.vocab_size)
             counts[: len(RESERVED_TOKENS)] = 0
@@ -107,8 +108,9 @@ class TextEvaluator:
         tok = self.source.tokenizer
         if self.model.batch_format == "masked_lm":
             batch = self.batches[0]
-            logits = self.model.apply(params, {"tokens": batch["tokens"][:num_rows]})
-            guess = np.asarray(to_host(logits.argmax(-1)))
+            # the whole batch, whose rows split over a mesh's batch axes as the loss's do
+            guesses = to_host(self._guesses(params, {"tokens": batch["tokens"]}))
+            guess = np.asarray(guesses)[:num_rows]
             tokens = np.asarray(batch["tokens"][:num_rows])
             filled = np.where(tokens == MASK_ID, guess, tokens)
             return [
