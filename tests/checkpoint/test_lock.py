@@ -106,3 +106,19 @@ def test_train_refuses_a_locked_workdir_and_says_so_on_takeover(tmp_path):
     assert result["step"] == 2
     assert f"took over the training lock of PID {holder.pid}" in out.getvalue()
     assert not (tmp_path / "run" / LOCK_FILE).exists()
+
+
+def test_a_filesystem_without_locks_runs_unlocked_and_says_why(tmp_path, monkeypatch):
+    """flock refused outright (ENOLCK on some network mounts) is not "held by another run":
+    the lock says why and the run goes on."""
+    import errno
+
+    import tfmjax.checkpoint.lock as lock_module
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(lock_module.fcntl, "flock", no_locks)
+    with WorkdirLock(tmp_path) as lock:
+        assert lock.unsupported == f"{tmp_path} cannot be locked ({os.strerror(errno.ENOLCK)})"
+        assert lock.taken_over is None

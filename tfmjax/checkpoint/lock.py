@@ -49,12 +49,14 @@ def _same_file(fd: int, path: Path) -> bool:
 class WorkdirLock:
     """``with WorkdirLock(workdir) as lock:`` holds the workdir's training lock.
 
-    ``taken_over``: the holder text of a stale lock this one replaced (None otherwise).
+    ``taken_over``: the holder text of a stale lock this one replaced (None otherwise);
+    ``unsupported``: why the filesystem refused to lock at all (the run goes on unlocked).
     """
 
     def __init__(self, workdir: str | os.PathLike):
         self.path = Path(workdir) / LOCK_FILE
         self.taken_over: str | None = None
+        self.unsupported: str | None = None  # why the filesystem refused a lock (run unlocked)
         self._fd: int | None = None
 
     def take(self) -> WorkdirLock:
@@ -64,13 +66,17 @@ class WorkdirLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except BlockingIOError:
                 os.close(fd)
                 raise WorkdirLocked(
                     f"{self.path.parent} is in use by another training run "
                     f"({_holder_text(self.path)}): wait for it to finish, stop it, or give "
                     "this run its own train.workdir"
                 ) from None
+            except OSError as err:  # a filesystem without flock (some network mounts)
+                os.close(fd)
+                self.unsupported = f"{self.path.parent} cannot be locked ({err.strerror})"
+                return self
             if _same_file(fd, self.path):
                 break
             os.close(fd)  # the holder removed the file as we opened it: take the new one

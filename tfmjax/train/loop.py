@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -247,10 +246,12 @@ def train(
     with contextlib.ExitStack() as held:
         if is_main():  # one run per workdir; the processes of one run share it
             lock = held.enter_context(WorkdirLock(workdir))
+            if lock.unsupported:
+                print(f"{lock.unsupported}: training without the one-run lock", file=stream)
             if lock.taken_over:
                 print(
                     f"took over the training lock of {lock.taken_over}, which no longer runs",
-                    file=stream or sys.stdout,
+                    file=stream,
                 )
         return _train_locked(run, workdir, stream, progress, on_step, plot, override_config)
 
