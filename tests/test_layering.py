@@ -21,8 +21,10 @@ MAX_LINES = 500  # docs/design.md: small files, one job each
 # made explicit (layers use kernels; the training loop uses the evaluator; decoding, checkpoints
 # and training all place arrays on the mesh of tfmjax.parallel). A dotted name places one
 # submodule apart from its package: ``config.explain`` is a CLI that lists the tasks too.
+# ``compat`` (what differs between jax versions) imports only jax: anything may use it.
 LAYER_GROUPS = [
     ("",),
+    ("compat",),
     ("config", "reporting"),
     ("kernels", "data", "losses"),
     ("layers",),

@@ -24,12 +24,13 @@ import pytest
 from jax import export
 
 from tfmjax import kernels
+from tfmjax.compat import triton_custom_call_target
 from tfmjax.config import ModelConfig
 from tfmjax.kernels import masks, pallas_attention, reference
 from tfmjax.kernels.testing import call_kwargs, random_inputs, segment_ids
 from tfmjax.models import build
 
-TRITON = "__gpu$xla.gpu.triton"  # custom-call target of a Pallas Triton kernel
+TRITON = triton_custom_call_target()  # custom-call target of a Pallas Triton kernel
 MOSAIC = "tpu_custom_call"  # custom-call target of a Pallas Mosaic TPU kernel
 KERNEL = {"cuda": TRITON, "tpu": MOSAIC}
 # The interpreter's grid loop: a while loop named after the kernel (pallas_call name=...).

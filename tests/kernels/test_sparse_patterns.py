@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from tfmjax import kernels
+from tfmjax.compat import triton_custom_call_target
 from tfmjax.kernels import (
     block_geometry,
     blockwise,
@@ -331,4 +332,4 @@ def test_auto_passes_the_pattern_to_every_platform():
     )
     fn = jax.jit(lambda q, k, v: kernels.attention(q, k, v, **pattern, impl="auto"))
     text = fn.trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
-    assert "__gpu$xla.gpu.triton" in text
+    assert triton_custom_call_target() in text

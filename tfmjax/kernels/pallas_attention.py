@@ -18,8 +18,9 @@ Backends (kernel flavours):
   * ``"cuda"`` / ``"gpu"`` / ``"rocm"``: **Triton** (``jax.experimental.pallas.triton``), the
     portable GPU lowering of jax 0.10 (any CUDA GPU; Mosaic GPU, jax's other GPU backend, is
     Hopper/Blackwell-only and needs a different, warp-group kernel style). Custom-call
-    target ``__gpu$xla.gpu.triton`` (not on ``jax.export``'s stable list: export with
-    ``jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")``).
+    target ``__gpu$xla.gpu.triton``, :func:`tfmjax.compat.triton_custom_call_target` (not on
+    ``jax.export``'s stable list: export with
+    ``jax.export.DisabledSafetyCheck.custom_call(triton_custom_call_target())``).
   * ``"tpu"``: **Mosaic TPU** (``jax.experimental.pallas.tpu``), the only TPU backend.
     Custom-call target ``tpu_custom_call`` (on the stable list).
   * ``"cpu"``: the same kernels with ``interpret=True`` (slow, for tests): plain HLO, each

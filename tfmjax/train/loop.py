@@ -219,6 +219,10 @@ def _header(run: Run, params, start: int, console: Console) -> None:
     used, available = run.placement.mesh.size, jax.device_count()
     hint = "" if used == available else "; mesh.data=-1 (or fsdp, tensor) uses them all"
     console.print(f"mesh {mesh}: {used} of {available} {jax.default_backend()} devices{hint}")
+    from tfmjax.compat import untested_jax  # here, not at the top: keeps this edit in _header
+
+    kinds = ", ".join(sorted({device.device_kind for device in run.placement.mesh.devices.flat}))
+    console.print(f"devices: {kinds}; " + (untested_jax() or f"jax {jax.__version__}"))
     if start:
         console.print(f"resumed from checkpoint step {start}")
 
