@@ -61,6 +61,4 @@ def cudnn_dot_product_attention(query, key, value, **kwargs):
     (``query [B,T,N,H]``, ``key, value [B,S,K,H]`` -> ``[B,T,N,H]``), traceable on any host:
     see the module docstring. The program it builds lowers for ``cuda`` only."""
     with _nominal_cudnn_version():
-        return jax.nn.dot_product_attention(
-            query, key, value, implementation="cudnn", **kwargs
-        )
+        return jax.nn.dot_product_attention(query, key, value, implementation="cudnn", **kwargs)

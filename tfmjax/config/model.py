@@ -350,8 +350,7 @@ class ModelConfig:
                 not refused,
                 f"model.{name}",
                 getattr(self, name),
-                f"model.attention_impl='cudnn' (cuDNN fused attention) cannot take {what}; "
-                + use,
+                f"model.attention_impl='cudnn' (cuDNN fused attention) cannot take {what}; " + use,
             )
         require(
             self.dtype == "bfloat16",
