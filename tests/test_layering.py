@@ -23,6 +23,7 @@ MAX_LINES = 500  # docs/design.md: small files, one job each
 # submodule apart from its package: ``config.explain`` is a CLI that lists the tasks too.
 LAYER_GROUPS = [
     ("",),
+    ("compat",),  # differences between jax versions: below everything that uses jax
     ("config", "reporting"),
     ("kernels", "data", "losses"),
     ("layers",),

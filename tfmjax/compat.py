@@ -13,6 +13,13 @@ module small.
   such a host (only there) the query answers :data:`NOMINAL_CUDNN_VERSION` while the call is
   traced, so a CPU machine can lower or ``jax.export`` cuDNN attention for ``cuda``. Goes
   when jax stops querying the local cuDNN at trace time.
+
+  And odd lengths (same versions): the public function hands its custom VJP a placeholder
+  bias (``jnp.zeros(0)``) when there is none, so the check meant for a real bias --
+  ``NotImplementedError: Unsupported sequence length`` unless ``T`` and ``S`` are even --
+  applies to every call that is differentiated. An odd ``T`` or ``S`` is padded by one
+  slot here, masked by the per-row lengths, and the padded query row is dropped. Goes when
+  jax checks the real bias only.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import contextlib
 import threading
 
 import jax
+import jax.numpy as jnp
 
 # The cuDNN version assumed while tracing on a host without CUDA (9.8.0). jax uses the
 # version only to refuse shapes that need a newer cuDNN: MLA-style head widths (< 9.10) and
@@ -56,9 +64,29 @@ def _nominal_cudnn_version():
             fused.check_cudnn_version = original
 
 
-def cudnn_dot_product_attention(query, key, value, **kwargs):
-    """``jax.nn.dot_product_attention(query, key, value, implementation="cudnn", **kwargs)``
-    (``query [B,T,N,H]``, ``key, value [B,S,K,H]`` -> ``[B,T,N,H]``), traceable on any host:
-    see the module docstring. The program it builds lowers for ``cuda`` only."""
+def cudnn_dot_product_attention(
+    query, key, value, *, query_seq_lengths=None, key_value_seq_lengths=None, **kwargs
+):
+    """``jax.nn.dot_product_attention(query, key, value, implementation="cudnn", ...)``
+    (``query [B,T,N,H]``, ``key, value [B,S,K,H]`` -> ``[B,T,N,H]``; lengths ``[B]`` int32)
+    that traces on any host and takes odd lengths under ``grad``: see the module docstring.
+    The program it builds lowers for ``cuda`` only."""
+    (B, T), S = query.shape[:2], key.shape[1]
+    if T % 2 or S % 2:
+        if query_seq_lengths is None:
+            query_seq_lengths = jnp.full((B,), T, jnp.int32)
+        if key_value_seq_lengths is None:
+            key_value_seq_lengths = jnp.full((B,), S, jnp.int32)
+        pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n % 2), (0, 0), (0, 0)))  # noqa: E731
+        query, key, value = pad(query, T), pad(key, S), pad(value, S)
     with _nominal_cudnn_version():
-        return jax.nn.dot_product_attention(query, key, value, implementation="cudnn", **kwargs)
+        out = jax.nn.dot_product_attention(
+            query,
+            key,
+            value,
+            implementation="cudnn",
+            query_seq_lengths=query_seq_lengths,
+            key_value_seq_lengths=key_value_seq_lengths,
+            **kwargs,
+        )
+    return out[:, :T]

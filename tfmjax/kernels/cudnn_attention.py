@@ -49,7 +49,7 @@ from jax.interpreters import batching, mlir
 
 from tfmjax import compat
 from tfmjax.config import ConfigError
-from tfmjax.kernels import xla
+from tfmjax.kernels.xla import attention as xla_attention
 
 DTYPES = (jnp.float16, jnp.bfloat16)
 MAX_HEAD_WIDTH = 256  # Hopper and later; 128 before (jax checks this when it traces)
@@ -119,7 +119,7 @@ def attention(
     if why is not None:
         raise ValueError(f"impl='cudnn' cannot take {why}: use impl='xla' or 'pallas'")
     if _static_offset(q_offset) != 0:  # KV-cached decoding: see the module docstring
-        return xla.attention(
+        return xla_attention(
             q,
             k,
             v,
