@@ -54,6 +54,9 @@ HOST_CALLBACK = re.compile(r"callback|python", re.IGNORECASE)
 INTERPRETED = re.compile(r"tfmjax_flash_(fwd|dq|dkv)/while")
 DTYPE_SUFFIX = {"float32": "f32", "bfloat16": "bf16"}
 
+# One xdist worker for the file: the cuda and tpu exports of a model share its trace.
+pytestmark = pytest.mark.xdist_group("train_export")
+
 TASK = make_task("reverse", max_len=12, num_symbols=8)
 CASES = [
     (family, impl, dtype, platform)
@@ -86,15 +89,20 @@ def _batch(model) -> dict:
 
 
 @functools.cache
-def _export(family: str, impl: str, dtype: str, platform: str) -> export.Exported:
-    """The exported train step (batch of 2 task rows, Adam with clipping, constant rate)."""
+def _step(family: str, impl: str, dtype: str):
+    """The jitted train step (Adam with clipping, constant rate), its abstract state and the
+    batch specs (2 task rows); one per model, so both platforms' exports share its trace."""
     cfg = _config(family, impl, dtype)
     model = build(cfg)
     tx = make_optimizer(schedule=1e-3)
     batch = _batch(model)
     state = abstract_state(model, tx, batch, seed=0)
     step = jit_train_step(make_train_step(build(cfg, deterministic=False), tx, lambda s: 1e-3))
-    specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+    return step, state, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+
+
+def _export(family: str, impl: str, dtype: str, platform: str) -> export.Exported:
+    step, state, specs = _step(family, impl, dtype)
     unstable = [export.DisabledSafetyCheck.custom_call(t) for t in (TRITON, *CUDNN)]
     return export.export(step, platforms=(platform,), disabled_checks=unstable)(state, specs)
 
