@@ -5,8 +5,8 @@ let it go. Nothing else in tfmjax imports ``jax._src``; keep it that way, and ke
 module small.
 
 * :func:`cudnn_dot_product_attention` -- ``jax.nn.dot_product_attention(...,
-  implementation="cudnn")`` that can also be traced on a host without CUDA (jax 0.10.2; the
-  same code is in jax 0.11.1). The public function asks the local jaxlib for its cuDNN
+  implementation="cudnn")`` that can also be traced on a host without CUDA (jax 0.10.2;
+  unchanged in jax's source at 0.11.1). The public function asks the local jaxlib for its cuDNN
   version at trace time (``jax._src.cudnn.fused_attention_stablehlo.check_cudnn_version``)
   and raises ``RuntimeError("cuDNN is not detected.")`` where the CUDA plugin is not
   installed, although nothing else in tracing or in lowering for ``cuda`` needs a GPU. On
