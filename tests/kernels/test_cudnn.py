@@ -234,13 +234,14 @@ def cpu_model():
 
 
 def test_running_on_cpu_is_a_one_line_config_error(cpu_model):
-    """Jitted forward, gradient and an eager call on this CPU host: the ConfigError says to
-    use auto or xla."""
+    """A model's jitted forward and gradient, and an eager kernel call, on this CPU host:
+    the ConfigError says to use auto or xla."""
     model, batch, params = cpu_model
+    q, k, v, _ = random_inputs(1, 8, 8, 2, 2, 16, BF16)
     calls = {
         "jit": lambda: jax.jit(model.apply)(params, batch),
         "grad": lambda: jax.jit(_grad_fn(model))(params, batch),
-        "eager": lambda: model.apply(params, batch),
+        "eager": lambda: kernels.attention(q, k, v, impl="cudnn", **call_kwargs(16)),
     }
     for name, call in calls.items():
         with pytest.raises(ConfigError, match="runs on CUDA GPUs only") as err:
