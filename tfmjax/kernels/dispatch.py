@@ -193,7 +193,8 @@ def attention(
     defaults to ``1/sqrt(H)``. Rows that see nothing return zeros.
 
     ``impl="pallas"``, ``"cudnn"`` and ``"auto"`` are resolved per platform when the
-    computation is lowered (see the module docstring), not from the default backend at trace time.
+    computation is lowered (see the module docstring), not from the default backend at
+    trace time.
     """
     _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias)
     _check_pattern(window, stride, global_tokens)
