@@ -120,7 +120,11 @@ class ModelConfig:
         "elu", help="linear attention feature map: elu (elu+1) or favor (FAVOR+)"
     )
     num_features: int = option(64, help="linear attention with favor: random features F")
-    attention_impl: str = option("auto", help="auto, reference, xla, blockwise or pallas")
+    attention_impl: str = option(
+        "auto",
+        help="auto, reference, xla, blockwise, pallas or cudnn (CUDA only; bfloat16; causal, "
+        "padding and causal-window masks)",
+    )
     scan_layers: bool = option(
         True, help="scan the layer stack (one compiled layer) instead of unrolling it"
     )
@@ -150,6 +154,8 @@ class ModelConfig:
         self._check_attention_system()
         self._check_heads_and_positions()
         self._check_embeddings_and_layers()
+        if self.attention_impl == "cudnn":
+            self._check_cudnn()
 
     def _check_names_and_ranges(self) -> None:
         """Enumerated fields name a valid option; sizes are positive."""
@@ -322,6 +328,44 @@ class ModelConfig:
                 self.global_tokens,
                 "sparse patterns apply to softmax and mla attention, not linear",
             )
+
+    def _check_cudnn(self) -> None:
+        """What cuDNN's fused attention cannot do (tfmjax.kernels.cudnn_attention), refused
+        in one line naming the field. (model.position='relative' is refused above.)"""
+        use = "use model.attention_impl 'auto', 'pallas' or 'xla'"
+        cannot = [
+            ("position", self.position == "alibi", "ALiBi distance biases"),
+            ("attention", self.attention == "mla", "MLA's latent keys (shared RoPE features)"),
+            ("attention_stride", self.attention_stride is not None, "strided patterns"),
+            ("global_tokens", self.global_tokens > 0, "global-token patterns"),
+            (
+                "window",
+                self.window is not None and self.family != "decoder_only",
+                "a sliding window on the non-causal (encoder) self-attention: its window "
+                "is one-sided",
+            ),
+        ]
+        for name, refused, what in cannot:
+            require(
+                not refused,
+                f"model.{name}",
+                getattr(self, name),
+                f"model.attention_impl='cudnn' (cuDNN fused attention) cannot take {what}; " + use,
+            )
+        require(
+            self.dtype == "bfloat16",
+            "model.dtype",
+            self.dtype,
+            "model.attention_impl='cudnn' (cuDNN fused attention) has no float32 kernel: set "
+            "model.dtype='bfloat16', or " + use,
+        )
+        require(
+            self.head_width % 8 == 0 and self.head_width <= 256,
+            "model.head_dim",
+            self.head_width,
+            "model.attention_impl='cudnn' needs a head width that is a multiple of 8 and at "
+            "most 256 (128 before Hopper GPUs); " + use,
+        )
 
     @property
     def latent_kv_rank(self) -> int:

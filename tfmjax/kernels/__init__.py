@@ -4,11 +4,18 @@
 :func:`attention` (``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]``) and
 :func:`choose_impl` live in :mod:`tfmjax.kernels.dispatch`; the implementations in
 :mod:`~tfmjax.kernels.reference`, :mod:`~tfmjax.kernels.xla`,
-:mod:`~tfmjax.kernels.blockwise` and :mod:`~tfmjax.kernels.pallas_attention`, the mask rules
+:mod:`~tfmjax.kernels.blockwise`, :mod:`~tfmjax.kernels.pallas_attention` and
+:mod:`~tfmjax.kernels.cudnn_attention`; what ``"auto"`` picks in :data:`AUTO_TABLE`; the mask rules
 in :mod:`~tfmjax.kernels.masks`, linear attention in :mod:`~tfmjax.kernels.linear`.
 """
 
-from tfmjax.kernels.dispatch import BLOCKWISE_MIN_LEN_CPU, IMPLS, attention, choose_impl
+from tfmjax.kernels.dispatch import (
+    AUTO_TABLE,
+    BLOCKWISE_MIN_LEN_CPU,
+    IMPLS,
+    attention,
+    choose_impl,
+)
 from tfmjax.kernels.platforms import LOWERING_PLATFORMS, PALLAS_FLAVOUR
 
 __all__ = [
@@ -16,6 +23,7 @@ __all__ = [
     "choose_impl",
     "IMPLS",
     "BLOCKWISE_MIN_LEN_CPU",
+    "AUTO_TABLE",
     "LOWERING_PLATFORMS",
     "PALLAS_FLAVOUR",
 ]

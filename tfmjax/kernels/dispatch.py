@@ -4,8 +4,8 @@ the implementations.
 ``attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, stride,
 global_tokens, alibi_slopes, bias, q_offset, scale, impl)`` with ``q [B,T,N,H]`` and
 ``k, v [B,S,K,H]`` (K divides N) returns ``[B,T,N,H]``. Every ``impl`` has the
-semantics of ``impl="reference"``; :func:`choose_impl` says what ``"auto"`` picks on one
-platform.
+semantics of ``impl="reference"`` (``"cudnn"`` for the masks it takes, and refuses the
+rest); :func:`choose_impl` says what ``"auto"`` picks on one platform.
 
 How the platform is chosen: not from ``jax.default_backend()`` at trace time but when the
 computation is lowered, through ``jax.lax.platform_dependent`` (branches ``cpu``, ``cuda``,
@@ -14,10 +14,14 @@ computation is lowered, through ``jax.lax.platform_dependent`` (branches ``cpu``
 
 * ``impl="pallas"``: the kernel flavour -- Triton on cuda/rocm, Mosaic on tpu, the
   interpreter on cpu (see :mod:`tfmjax.kernels.pallas_attention`).
-* ``impl="auto"``: :func:`choose_impl` for each platform; when they differ (no bias:
-  pallas on cuda/rocm/tpu, xla or blockwise on cpu by length) each platform's choice is a
-  branch, pallas branches with their flavour fixed. When all platforms agree (a dense
-  ``bias``: xla everywhere) there is no dispatch.
+* ``impl="auto"``: :func:`choose_impl` for each platform, from :data:`AUTO_TABLE` (per
+  platform and length); when they differ (no bias: pallas on cuda/rocm/tpu, xla or
+  blockwise on cpu by length) each platform's choice is a branch, pallas and cudnn
+  branches with their platform fixed. When all platforms agree (a dense ``bias``: xla
+  everywhere) there is no dispatch.
+* ``impl="cudnn"``: cuDNN's fused attention when lowered for ``cuda``; for any other
+  platform, lowering raises a one-line ConfigError (see
+  :mod:`tfmjax.kernels.cudnn_attention`).
 * ``"reference"``, ``"xla"``, ``"blockwise"`` are the same code on every platform.
 
 Under ``jit`` every branch is traced (only the lowered platform's is kept); an eager call
@@ -36,7 +40,7 @@ import jax
 
 from tfmjax.kernels.platforms import LOWERING_PLATFORMS, PALLAS_FLAVOUR
 
-IMPLS = ("auto", "reference", "xla", "blockwise", "pallas")
+IMPLS = ("auto", "reference", "xla", "blockwise", "pallas", "cudnn")
 
 # Module holding each implementation's ``attention`` function (imported lazily).
 _MODULES = {
@@ -44,6 +48,7 @@ _MODULES = {
     "xla": "tfmjax.kernels.xla",
     "blockwise": "tfmjax.kernels.blockwise",
     "pallas": "tfmjax.kernels.pallas_attention",
+    "cudnn": "tfmjax.kernels.cudnn_attention",
 }
 
 
@@ -55,25 +60,58 @@ _MODULES = {
 # a short query block against a long cache stays on xla.
 BLOCKWISE_MIN_LEN_CPU = 512
 
+# What "auto" runs on each platform: ``(from_length, impl)`` rows in increasing order; the
+# last row whose ``from_length <= min(T, S)`` applies. Where the numbers come from:
+# * cpu: measured on a 2-core CPU (:data:`BLOCKWISE_MIN_LEN_CPU`).
+# * cuda, rocm, tpu: not measured yet -- no accelerator has timed these kernels for
+#   tfmjax. They keep the choice made before this table existed (Pallas everywhere);
+#   ``bench/device.py`` is to fill in cuda/tpu (e.g. ``"cudnn"`` for some lengths).
+# A dense bias always runs "xla". A row naming an implementation that cannot take the call
+# falls back: "cudnn" (outside cuda, or a mask it cannot express) to "pallas", "pallas"
+# (not importable) to the cpu row.
+AUTO_TABLE: dict[str, tuple[tuple[int, str], ...]] = {
+    "cpu": ((0, "xla"), (BLOCKWISE_MIN_LEN_CPU, "blockwise")),
+    "cuda": ((0, "pallas"),),
+    "rocm": ((0, "pallas"),),
+    "tpu": ((0, "pallas"),),
+}
+
 
 def choose_impl(
-    impl: str, *, q_len: int, kv_len: int, has_bias: bool = False, backend: str | None = None
+    impl: str,
+    *,
+    q_len: int,
+    kv_len: int,
+    has_bias: bool = False,
+    backend: str | None = None,
+    cudnn_ok: bool = False,
 ) -> str:
     """The concrete implementation that ``impl`` resolves to for these shapes on ``backend``
-    (a platform name; None: the default backend, i.e. what an eager call runs).
-    :func:`attention` asks this for every platform in :data:`LOWERING_PLATFORMS`."""
+    (a platform name; None: the default backend, i.e. what an eager call runs), from
+    :data:`AUTO_TABLE`. ``cudnn_ok``: cuDNN can express this call's masks (see
+    :func:`tfmjax.kernels.cudnn_attention.unsupported`); without it "auto" never picks
+    "cudnn". :func:`attention` asks this for every platform in :data:`LOWERING_PLATFORMS`."""
     if impl not in IMPLS:
         raise ValueError(f"attention impl={impl!r} is not one of {IMPLS}")
     if impl != "auto":
         return impl
     if has_bias:
         return "xla"  # a dense bias is the reference paths' escape hatch
-    backend = backend or jax.default_backend()
-    if backend in ("gpu", "cuda", "rocm", "tpu") and _pallas_available():
-        return "pallas"
-    if min(q_len, kv_len) >= BLOCKWISE_MIN_LEN_CPU and _available("blockwise"):
-        return "blockwise"
-    return "xla"
+    platform = backend or jax.default_backend()
+    platform = "cuda" if platform == "gpu" else platform
+    name = _table_choice(platform, min(q_len, kv_len))
+    if name == "cudnn" and not (cudnn_ok and platform == "cuda"):
+        name = "pallas"
+    if name == "pallas" and not _available("pallas"):
+        name = _table_choice("cpu", min(q_len, kv_len))
+    if name == "blockwise" and not _available("blockwise"):
+        name = "xla"
+    return name
+
+
+def _table_choice(platform: str, length: int) -> str:
+    rows = AUTO_TABLE.get(platform, AUTO_TABLE["cpu"])
+    return [name for start, name in rows if start <= length][-1]
 
 
 def _available(name: str) -> bool:
@@ -82,10 +120,6 @@ def _available(name: str) -> bool:
     except ImportError:
         return False
     return True
-
-
-def _pallas_available() -> bool:
-    return _available("pallas")
 
 
 def _is_int(x) -> bool:
@@ -158,8 +192,9 @@ def attention(
     adds ``-slope * |p - s|``. ``bias [B|1,N|1,T,S]``: added to the scores. ``scale``
     defaults to ``1/sqrt(H)``. Rows that see nothing return zeros.
 
-    ``impl="pallas"`` and ``impl="auto"`` are resolved per platform when the computation is
-    lowered (see the module docstring), not from the default backend at trace time.
+    ``impl="pallas"``, ``"cudnn"`` and ``"auto"`` are resolved per platform when the
+    computation is lowered (see the module docstring), not from the default backend at
+    trace time.
     """
     _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias)
     _check_pattern(window, stride, global_tokens)
@@ -177,30 +212,41 @@ def attention(
     )
     lengths = dict(q_len=q.shape[1], kv_len=k.shape[1], has_bias=bias is not None)
     if impl == "auto":
+        lengths["cudnn_ok"] = _cudnn_ok(q, k, kw)
         per_platform = {p: choose_impl(impl, **lengths, backend=p) for p in LOWERING_PLATFORMS}
         if len(set(per_platform.values())) > 1:
             return _platform_dependent(per_platform, q, k, v, kw)
     name = choose_impl(impl, **lengths)
-    if bias is not None and name in ("blockwise", "pallas"):
+    if bias is not None and name in ("blockwise", "pallas", "cudnn"):
         raise ValueError(
             f"impl={name!r} takes structured masks only; a dense bias needs "
             "impl='xla' or 'reference'"
         )
-    # "pallas" with no platform: the kernel module dispatches at lowering time itself.
+    # "pallas", "cudnn" with no platform: the module dispatches at lowering time itself.
     return importlib.import_module(_MODULES[name]).attention(q, k, v, **kw)
+
+
+def _cudnn_ok(q, k, kw) -> bool:
+    """Whether "auto" may pick cuDNN for this call: some :data:`AUTO_TABLE` row names it and
+    cuDNN can express the call (:func:`tfmjax.kernels.cudnn_attention.unsupported`)."""
+    if not any(name == "cudnn" for rows in AUTO_TABLE.values() for _, name in rows):
+        return False
+    cudnn = importlib.import_module(_MODULES["cudnn"])
+    options = ("causal", "window", "stride", "global_tokens", "alibi_slopes", "bias")
+    return cudnn.unsupported(q, k, **{name: kw[name] for name in options}) is None
 
 
 def _platform_dependent(per_platform: dict[str, str], q, k, v, kw):
     """``lax.platform_dependent`` over the implementations ``per_platform`` names (``bias`` is
-    None here). Pallas branches get a fixed ``platform=``, so only the lowered platform's
-    kernel is built into the branch that stays; one callable per distinct choice."""
+    None here). Pallas and cuDNN branches get a fixed ``platform=``, so only the lowered
+    platform's kernel is built into the branch that stays; one callable per distinct choice."""
     branches, fns = {}, {}
     for platform, name in per_platform.items():
-        key = (name, PALLAS_FLAVOUR[platform] if name == "pallas" else None)
-        if key not in fns:
-            extra = {"platform": key[1]} if name == "pallas" else {}
-            fns[key] = functools.partial(
+        flavour = {"pallas": PALLAS_FLAVOUR[platform], "cudnn": platform}.get(name)
+        if (name, flavour) not in fns:
+            extra = {} if flavour is None else {"platform": flavour}
+            fns[name, flavour] = functools.partial(
                 importlib.import_module(_MODULES[name]).attention, **kw, **extra
             )
-        branches[platform] = fns[key]
+        branches[platform] = fns[name, flavour]
     return jax.lax.platform_dependent(q, k, v, **branches)

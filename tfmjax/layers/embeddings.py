@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, VOCAB, constrain, named
@@ -25,8 +26,33 @@ class TokenEmbedding(nn.Module):
         return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
     def attend(self, x):
-        """Tied output projection: logits = x E^T."""
-        logits = jnp.einsum(
-            "BTD,VD->BTV", x, self.embedding.astype(self.dtype), preferred_element_type=jnp.float32
-        )
+        """Tied output projection: logits = x E^T, float32 ``[B,T,V]``."""
+        logits = tied_logits(x.astype(self.dtype), self.embedding.astype(self.dtype))
         return constrain(logits, BATCH, LENGTH, VOCAB)
+
+
+@jax.custom_vjp
+def tied_logits(x, table):
+    """``x [B,T,D]`` and ``table [V,D]`` (compute dtype) -> float32 logits ``[B,T,V]``.
+
+    The matmul runs in the compute dtype with float32 results, and so do the two of the
+    backward pass: the float32 cotangent of the logits is rounded to the compute dtype first,
+    as every other layer's cotangent already is. (Autodiff would multiply the float32
+    cotangent by the bfloat16 operands, which XLA on GPU runs as a float32 matmul: the
+    largest one of a small model's step.) With float32 compute this is plain autodiff."""
+    return jnp.einsum("BTD,VD->BTV", x, table, preferred_element_type=jnp.float32)
+
+
+def _tied_logits_fwd(x, table):
+    return tied_logits(x, table), (x, table)
+
+
+def _tied_logits_bwd(res, g):
+    x, table = res
+    g = g.astype(x.dtype)  # [B,T,V]
+    dx = jnp.einsum("BTV,VD->BTD", g, table, preferred_element_type=jnp.float32)
+    dtable = jnp.einsum("BTV,BTD->VD", g, x, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dtable.astype(table.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)

@@ -50,3 +50,22 @@ def check_concrete_tokens(ids, vocab_size: int, name: str) -> None:
     where the host-side ``model.check_batch`` is the check."""
     if not isinstance(ids, jax.core.Tracer):
         check_tokens(ids, vocab_size, name)
+
+
+def check_trailing_padding(segment_ids, name: str) -> None:
+    """Raise :class:`InputError` unless every row of ``segment_ids [B,T]`` is 1 on its tokens
+    and 0 from its first padding slot to the end: the only layout
+    ``model.attention_impl="cudnn"`` can mask, since cuDNN takes padding as per-row lengths
+    (:mod:`tfmjax.kernels.cudnn_attention`)."""
+    ids = np.asarray(segment_ids)
+    lengths = np.count_nonzero(ids, axis=1)
+    want = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+    bad = np.flatnonzero(np.any(ids != want, axis=1))
+    if bad.size:
+        row = int(bad[0])
+        raise InputError(
+            f"{name} row {row} is {ids[row].tolist()}: model.attention_impl='cudnn' masks "
+            "padding by per-row lengths, so each row must be one segment (ids 1) followed by "
+            "padding (0); packed rows or padding before a token need attention_impl 'auto' "
+            "or 'xla'"
+        )

@@ -49,6 +49,7 @@ class EncoderDecoder(Family, nn.Module):
     family = "encoder_decoder"
     batch_format = "seq2seq"
     token_keys = ("inputs", "targets")
+    segment_keys = {"inputs": "input_segment_ids", "targets": "target_segment_ids"}
     can_generate = True
     prompt_name = "encoder inputs"
 

@@ -10,6 +10,7 @@ Class attributes
   ``family``          the ``model.family`` string
   ``batch_format``    the :mod:`tfmjax.data.batching` layout it trains on, or None
   ``token_keys``      batch keys holding token ids (checked on the host)
+  ``segment_keys``    the optional batch key of each token key's segment ids
   ``can_generate``    whether the generation methods exist
   ``equal_length_prompts``  prompts must not be padded: generation groups them by length
   ``prompt_name``     what its generation prompts are called in error messages
@@ -63,7 +64,12 @@ from flax.core import meta
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.stack import unstack_params
-from tfmjax.models.checks import InputError, check_length, check_tokens
+from tfmjax.models.checks import (
+    InputError,
+    check_length,
+    check_tokens,
+    check_trailing_padding,
+)
 from tfmjax.models.common import cache_bytes
 
 
@@ -73,6 +79,7 @@ class Family:
     family: ClassVar[str]
     batch_format: ClassVar[str | None] = None
     token_keys: ClassVar[tuple[str, ...]] = ("tokens",)
+    segment_keys: ClassVar[dict[str, str]] = {"tokens": "segment_ids"}
     can_generate: ClassVar[bool] = False
     equal_length_prompts: ClassVar[bool] = False  # decode each prompt length apart
     prompt_name: ClassVar[str] = "prompts"
@@ -105,7 +112,8 @@ class Family:
         return {key: ones for key in self.token_keys}
 
     def check_batch(self, batch: dict) -> None:
-        """Check every token array of a batch on the host: keys, rank, ids, lengths."""
+        """Check every token array of a batch on the host: keys, rank, ids, lengths; with
+        ``model.attention_impl="cudnn"``, also that padding only trails each row."""
         for key in self.token_keys:
             if key not in batch:
                 raise InputError(
@@ -116,6 +124,10 @@ class Family:
                 raise InputError(f"{key} must be [batch, length], got shape {ids.shape}")
             check_tokens(ids, self.config.vocab_size, key)
             check_length(ids.shape[1], self.config, key)
+            if self.config.attention_impl == "cudnn":
+                seg = self.segment_keys.get(key)
+                seg_ids = batch[seg] if seg in batch else self.token_mask(ids)
+                check_trailing_padding(seg_ids, seg if seg in batch else f"{key} padding")
 
     def targets_and_mask(self, batch: dict):
         raise self._cannot("be trained on a task batch")

@@ -37,6 +37,7 @@ import jax
 
 from tfmjax.checkpoint import Checkpointer
 from tfmjax.checkpoint.lock import WorkdirLock
+from tfmjax.compat import untested_jax
 from tfmjax.config import LOWER_IS_BETTER, Experiment
 from tfmjax.data.sources import is_text
 from tfmjax.models.summary import summarize
@@ -219,8 +220,6 @@ def _header(run: Run, params, start: int, console: Console) -> None:
     used, available = run.placement.mesh.size, jax.device_count()
     hint = "" if used == available else "; mesh.data=-1 (or fsdp, tensor) uses them all"
     console.print(f"mesh {mesh}: {used} of {available} {jax.default_backend()} devices{hint}")
-    from tfmjax.compat import untested_jax  # here, not at the top: keeps this edit in _header
-
     kinds = ", ".join(sorted({device.device_kind for device in run.placement.mesh.devices.flat}))
     console.print(f"devices: {kinds}; " + (untested_jax() or f"jax {jax.__version__}"))
     if start:
