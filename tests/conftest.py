@@ -7,12 +7,22 @@ each run, removed at its end): many tests build the same small model and jit the
 anew, and XLA's compile dominates their time. A cache hit loads the same executable, so
 values are unchanged; tests that count compilations count traces, which still happen."""
 
+import json
 import os
 import shutil
 import tempfile
 import uuid
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# LLVM's O0 for the compiled programs: XLA's HLO passes (fusion, layout, the program itself)
+# are the default ones, only the machine-code optimisation is skipped. Most of the suite's time
+# is XLA:CPU compiling small models; O0 compiles them ~40% faster and runs them as fast at
+# these sizes. Bits can differ from the default level (LLVM may contract a multiply and an add
+# into an FMA), so every comparison here is between two programs compiled alike, and the
+# oracle tolerances hold at both levels (`XLA_FLAGS=--xla_force_host_platform_device_count=8
+# make test` runs the suite at the default level).
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TFMJAX_CACHE_DIR", os.path.join(tempfile.gettempdir(), "tfmjax-test-cache"))
 JIT_CACHE_ROOT = os.path.join(tempfile.gettempdir(), "tfmjax-test-jit-cache")
@@ -27,15 +37,25 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 SLOW_LIST = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
+MODULE_SECONDS = os.path.join(os.path.dirname(__file__), "module_seconds.json")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark as ``slow`` the tests listed in ``tests/slow_tests.txt`` (measured, not guessed)."""
+    """Mark as ``slow`` the tests listed in ``tests/slow_tests.txt`` (measured, not guessed),
+    and hand the workers the longest modules first (``tests/module_seconds.json``, measured by
+    ``tools/test_seconds.py``; a module's tests stay together and in order, so its fixtures are
+    built once): a long module no longer starts last and leaves one worker running alone."""
     with open(SLOW_LIST) as f:
         listed = {line.strip() for line in f if line.strip() and not line.startswith("#")}
+    with open(MODULE_SECONDS) as f:
+        seconds = json.load(f)
     for item in items:
         if item.nodeid in listed:
             item.add_marker("slow")
+    order = {}
+    for item in items:
+        order.setdefault(item.nodeid.split("::")[0], len(order))
+    items.sort(key=lambda item: (-seconds.get(m := item.nodeid.split("::")[0], 0.0), order[m]))
 
 
 def pytest_sessionfinish(session, exitstatus):

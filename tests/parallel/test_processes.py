@@ -8,6 +8,8 @@ one-process reference trains in this process, whose 8 simulated devices come fro
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -24,6 +26,7 @@ import pytest
 from tfmjax.checkpoint import load_for_inference
 from tfmjax.config import load
 from tfmjax.evaluation.report import evaluate_checkpoint
+from tfmjax.generate import main as generate_main
 from tfmjax.parallel.processes import LOST_PEER_EXIT
 from tfmjax.train import train
 
@@ -155,6 +158,19 @@ def test_two_processes_train_like_one_and_resume(tmp_path):
     assert got["examples"] == want["examples"] and len(want["examples"]) == 16
     said = [output(both, i, "eval") for i in range(2)]
     assert "exact_match" in said[0] and "exact_match" not in said[1] and "wrote" not in said[1]
+
+    # python -m tfmjax.generate on both processes: greedy ids on the same mesh equal one
+    # device's (this process, which sees 8 devices but puts no mesh in force); process 0 prints.
+    prompts = ["c a b", "b b a c"]
+    argv = [str(both), *(f for p in prompts for f in ("--input", p)), "--max-new-tokens", "8"]
+    finish(launch(["-m", "tfmjax.generate", *argv], both, free_port(), "gen"), both, "gen")
+    with contextlib.redirect_stdout(io.StringIO()) as one_device:
+        assert generate_main([*argv, "mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"]) == 0
+    want_lines = one_device.getvalue().splitlines()
+    assert len(want_lines) == len(prompts) and all(" -> " in line for line in want_lines)
+    got_lines = [line for line in output(both, 0, "gen").splitlines() if " -> " in line]
+    assert got_lines == want_lines
+    assert " -> " not in output(both, 1, "gen")
 
 
 @pytest.mark.parametrize("lost", [1, 0], ids=["worker_lost", "coordinator_lost"])
