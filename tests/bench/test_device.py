@@ -1,0 +1,42 @@
+"""``python bench/device.py --quick`` runs on the CPU (CI) and writes its JSON: every section
+present, every cell that this platform can run measured (no error), the Pallas block sweep
+naming a best block size, the training loop measured with each steps_per_call and prefetch
+setting. No figure is asserted: speed is measured in bench/, never in a test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_device_bench_measures_every_cell(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "device.py"), "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("cpu-*-quick.json")
+    result = json.loads(path.read_text())
+    assert result["platform"] == "cpu" and result["matmul"]["tflops"] > 0
+
+    for shape, row in result["attention"].items():
+        assert {"pallas", "xla", "blockwise"} <= set(row) and "cudnn" not in row, shape
+        for impl in ("pallas", "xla", "blockwise"):
+            assert row[impl]["fwd_bwd_tflops"] > 0, (shape, impl, row[impl])
+    (sweep,) = result["pallas_blocks"].values()
+    assert sweep["best"] in sweep["cells"]
+
+    (train,) = result["train"].values()
+    assert set(train) == {f"steps_per_call={k} prefetch={p}" for k in (1, 4) for p in (True, False)}
+    for variant, cell in train.items():
+        assert cell.get("tokens_per_sec", 0) > 0 and cell["of_matmul"] > 0, (variant, cell)
+    for batch, cell in result["decode"]["cells"].items():
+        assert cell.get("tokens_per_sec", 0) > 0, (batch, cell)
+    assert "training tokens/s" in done.stdout and f"wrote {path}" in done.stdout
