@@ -88,6 +88,14 @@ class TrainConfig:
     init_from: str = option(
         "", help="a new run starts from the params of this checkpoint (e.g. an HF import)"
     )
+    steps_per_call: int = option(
+        1,
+        help="steps run in one jitted call (a lax.scan over K batches; the same params and "
+        "records as 1); log_every, eval_every and checkpoint_every must be multiples of it",
+    )
+    prefetch: bool = option(
+        True, help="build the next batches on a background thread while the steps run"
+    )
 
     def __post_init__(self):
         check_types("train", self)
@@ -99,9 +107,23 @@ class TrainConfig:
             "eval_every",
             "checkpoint_every",
             "keep_checkpoints",
+            "steps_per_call",
         )
         require(self.seed >= 0, "train.seed", self.seed, "must be >= 0")
         one_of("train.best_metric", self.best_metric, EVAL_METRICS)
+        k = self.steps_per_call
+        off = [
+            f"train.{name}={getattr(self, name)}"
+            for name in ("log_every", "eval_every", "checkpoint_every")
+            if getattr(self, name) % k
+        ]
+        require(
+            not off,
+            "train.steps_per_call",
+            k,
+            f"{', '.join(off)} must be multiples of it (records, evaluations and saves come "
+            f"between calls of {k} steps); change them or pick a steps_per_call that divides them",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

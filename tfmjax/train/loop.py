@@ -9,16 +9,28 @@ Exact resume: batch ``s`` is ``make_batch(seed, step=s)`` and its dropout key is
 cut back to the resumed step. So a run stopped anywhere and resumed ends with the same
 params (bit for bit) and the same records (apart from their ``timing``) as a straight run.
 
+Keeping a device busy: ``train.steps_per_call = K`` runs K steps in one jitted call (a
+``lax.scan`` over K stacked batches, :func:`call_spans` cuts the run into calls); the log,
+evaluation and checkpoint intervals are multiples of K, so records, evaluations and saves
+fall between calls, and K = 1 or 10 give the same params and records. ``train.prefetch``
+builds the next calls' batches on a background thread (:mod:`tfmjax.train.prefetch`). Between
+log, eval and save steps nothing is fetched from the device (:data:`STEP_GUARD`): the window
+sums stay on it until a record is written; the only wait is ``block_until_ready`` after each
+call on CPU with several devices here (:attr:`Placement.waits_each_step`), and with several
+processes the stop agreement gathers one small vector every few steps (:class:`StopAgreement`).
+
 Many processes (:mod:`tfmjax.parallel.processes`): every process runs this loop on its part
 of the mesh; process 0 alone prints, writes ``metrics.jsonl`` and plots; every process takes
 part in checkpoint saves; a signal to any process stops all of them after the same step.
 
-SIGTERM / Ctrl-C (:class:`StopSignals`): the current step finishes, the state is saved, the
-save is waited for, and ``train`` returns with ``stopped=True``; a signal that came before
-the first step (while building or restoring; ``train.py`` catches them from its start)
-raises :class:`Interrupted` instead, nothing saved. A second Ctrl-C interrupts at once
-(``train.py``: exits 130).
-A non-finite loss raises :class:`NonFiniteLossError` without saving anything more.
+SIGTERM / Ctrl-C (:class:`StopSignals`): the current call finishes (with K = 1, the current
+step), the state is saved, the save is waited for, and ``train`` returns with
+``stopped=True``; a signal that came before the first step (while building or restoring;
+``train.py`` catches them from its start) raises :class:`Interrupted` instead, nothing
+saved. A second Ctrl-C interrupts at once (``train.py``: exits 130).
+A non-finite loss raises :class:`NonFiniteLossError` without saving anything more (found at
+the next log or save step, whatever K). An error while building a batch (a bad token id) is
+raised before the call that needs the batch, as its one line: that call never runs.
 
 The run is built in :mod:`tfmjax.train.run`, restored in :mod:`tfmjax.train.resume`;
 signals are caught in :mod:`tfmjax.train.stopping`.
@@ -45,11 +57,17 @@ from tfmjax.parallel import mesh_text
 from tfmjax.parallel.processes import is_main
 from tfmjax.reporting.console import Console
 from tfmjax.reporting.metrics_log import MetricsLog, NullLog
+from tfmjax.train.prefetch import Prefetcher
 from tfmjax.train.resume import restore
 from tfmjax.train.run import Run, build_run
 from tfmjax.train.state import count_params, reset_window
 from tfmjax.train.step import window_means
 from tfmjax.train.stopping import Interrupted, StopAgreement, StopSignals
+
+# Every call of steps runs inside STEP_GUARD() (taking its batches, the call, on_step): no
+# device value is fetched there; logs, evaluations and saves come after it. Tests set a
+# device-to-host transfer guard here; a plain run guards nothing.
+STEP_GUARD: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
 class NonFiniteLossError(RuntimeError):
@@ -105,6 +123,7 @@ class _Loop:
         self.window = _Window()
         self.last_eval: dict | None = None
         self.waits = run.placement.waits_each_step
+        self.start = 0  # the step this call of train() started from (set by run_steps)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -149,13 +168,30 @@ class _Loop:
         self.last_saved = step
         self.window.start += time.perf_counter() - begin
 
-    def first_step(self, state, batch):
-        """Run (and time) the first step of this process: compilation happens here."""
+    def first_call(self, state, batches, n: int):
+        """Run (and time) the first call of this process: compilation happens here."""
         begin = time.perf_counter()
-        state, _ = self.run.train_step(state, batch)
+        state, _ = self.run.train_steps(state, batches)
         jax.block_until_ready(state)
-        self.console.print(f"compiled and ran the first step in {time.perf_counter() - begin:.1f}s")
+        what = "step" if n == 1 else f"{n} steps"
+        took = time.perf_counter() - begin
+        self.console.print(f"compiled and ran the first {what} in {took:.1f}s")
         self.window = _Window()
+        return state
+
+    def advance(self, state, batches, first: int, end: int):
+        """Steps ``first + 1 .. end``: one call on the stacked batches ``first .. end - 1``."""
+        if first == self.start:
+            state = self.first_call(state, batches, end - first)
+        else:
+            state, _ = self.run.train_steps(state, batches)
+            self.window.steps += end - first
+        if self.waits:  # XLA:CPU with several devices: one program in flight
+            jax.block_until_ready(state)
+        for done in range(first + 1, end + 1):
+            self.console.step()
+            if self.on_step is not None:
+                self.on_step(done)
         return state
 
     def run_steps(self, state, start: int, stop: StopSignals):
@@ -171,28 +207,22 @@ class _Loop:
                 f"train.steps={2 * start}"
             )
             return state, start, False
-        for step in range(start, t.steps):
-            self.window.steps += 1
-            batch = self.run.device_batch(step)
-            if step == start:
-                state = self.first_step(state, batch)
-            else:
-                state, _ = self.run.train_step(state, batch)
-            if self.waits:  # XLA:CPU with several devices: one program in flight
-                jax.block_until_ready(state)
-            done = step + 1
-            self.console.step()
-            if self.on_step is not None:
-                self.on_step(done)
-            state = self.at_step_end(state, done)
-            requested = agreement.check(done)
-            if requested:
-                if self.last_saved != done:
-                    self.save(state, done, None)
-                self.console.print(
-                    f"{requested}: saved step {done}; stopping; rerun the same command to resume"
-                )
-                return state, done, True
+        self.start = start
+        calls = call_spans(start, t.steps, t.steps_per_call)
+        build = lambda span: self.run.device_batches(*span)  # noqa: E731
+        with Prefetcher(build, calls, background=t.prefetch) as batches:
+            for first, end in calls:
+                with STEP_GUARD():
+                    state = self.advance(state, batches.take((first, end)), first, end)
+                state = self.at_step_end(state, end)
+                requested = agreement.check(end)
+                if requested:
+                    if self.last_saved != end:
+                        self.save(state, end, None)
+                    self.console.print(
+                        f"{requested}: saved step {end}; stopping; rerun the same command to resume"
+                    )
+                    return state, end, True
         return state, t.steps, False
 
     def at_step_end(self, state, done: int):
@@ -208,13 +238,27 @@ class _Loop:
         return state
 
 
+def call_spans(start: int, steps: int, k: int) -> list[tuple[int, int]]:
+    """The calls from step ``start`` to ``steps``: ``(first, end)`` pairs, each call ending at
+    the next multiple of ``k`` or at ``steps``, so a resume from any step realigns and the
+    last call of a run whose length is not a multiple of ``k`` is shorter."""
+    spans, first = [], start
+    while first < steps:
+        end = min((first // k + 1) * k, steps)
+        spans.append((first, end))
+        first = end
+    return spans
+
+
 def _header(run: Run, params, start: int, console: Console) -> None:
     exp = run.experiment
     console.print(summarize(exp.model))
+    k = exp.train.steps_per_call
+    per_call = f" ({k} a call)" if k > 1 else ""
     console.print(
         f"experiment {exp.name}: {exp.model.family} on task {exp.data.task}, "
         f"{count_params(params):,} parameters, batch {exp.data.batch_size}, "
-        f"{exp.train.steps} steps; workdir {exp.workdir}"
+        f"{exp.train.steps} steps{per_call}; workdir {exp.workdir}"
     )
     mesh = mesh_text(run.placement.mesh.shape)
     used, available = run.placement.mesh.size, jax.device_count()

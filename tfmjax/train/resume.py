@@ -7,6 +7,8 @@ A rerun compares the config saved in the newest checkpoint with the new one:
   where metrics go) are applied and printed: ``resuming step 1500 with train.steps 1500 -> 3000``;
 * a change of ``[mesh]`` is applied and printed too: the state is restored onto the new
   mesh (a mesh missing from an older checkpoint's config is no change);
+* a field an older checkpoint's config lacks is no change when it has its default, which
+  reproduces what that version did (``train.steps_per_call = 1``, ``train.prefetch``);
 * any other change is refused in one line that lists it and names the two ways out: a new
   ``train.workdir``, or ``--override-config`` (``train(..., override_config=True)``), which
   continues with the new settings and records them in the checkpoints and ``metrics.jsonl``.
@@ -14,10 +16,12 @@ A rerun compares the config saved in the newest checkpoint with the new one:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 
 from tfmjax.checkpoint import Checkpointer, CheckpointError, load_config
-from tfmjax.config import Experiment, changes
+from tfmjax.config import SECTIONS, Experiment, changes
 from tfmjax.parallel.processes import to_host
 from tfmjax.train.run import Run
 from tfmjax.train.state import abstract_state, create_state, with_params_from
@@ -31,6 +35,8 @@ RESUMABLE = (
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.tensorboard",
+    "train.steps_per_call",  # the same steps, run K to a call: the same bits
+    "train.prefetch",  # when batches are built, not what they hold
     "data.eval_examples",
 )
 # Not part of the run's identity: the name comes from the config file, the workdir is where
@@ -44,9 +50,24 @@ def config_changes(saved: dict, now: Experiment) -> tuple[list[str], list[str]]:
     for key, old, new in changes(saved, now):
         if key in IGNORED or (key.startswith("mesh.") and "mesh" not in saved):
             continue
+        if _is_new_default(key, saved, new):
+            continue
         ok = key in RESUMABLE or key.startswith("mesh.")
         (allowed if ok else refused).append(f"{key} {old!r} -> {new!r}")
     return allowed, refused
+
+
+def _is_new_default(key: str, saved: dict, value) -> bool:
+    """Whether ``key`` (``section.field``) is a field ``saved`` (an older version's config)
+    does not have, at its default value now."""
+    section, _, name = key.partition(".")
+    if section not in SECTIONS or name in saved.get(section, {}):
+        return False
+    fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
+    field = fields.get(name)
+    if field is None or field.default is dataclasses.MISSING:
+        return False
+    return value == field.default
 
 
 def check_resume(saved: dict, now: Experiment, step: int, *, override: bool) -> list[str]:

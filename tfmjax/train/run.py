@@ -11,6 +11,9 @@ import dataclasses
 import json
 from collections.abc import Callable
 
+import jax
+import numpy as np
+
 from tfmjax.config import ConfigError, Experiment
 from tfmjax.data.sources import is_text, open_source
 from tfmjax.data.vocab import PAD_ID
@@ -21,7 +24,12 @@ from tfmjax.parallel import Placement
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.schedules import make_schedule
 from tfmjax.train.state import state_shardings
-from tfmjax.train.step import jit_train_step, make_train_step
+from tfmjax.train.step import (
+    jit_train_step,
+    jit_train_steps,
+    make_train_step,
+    stacked_batch_sharding,
+)
 
 
 @dataclasses.dataclass
@@ -34,6 +42,7 @@ class Run:
     tx: object
     schedule: object
     train_step: Callable  # jitted for the mesh, state donated
+    train_steps: Callable  # n steps in one lax.scan over batches stacked [n, B, ...]; the same
     evaluator: object  # Evaluator or TextEvaluator: (metrics, rows) = evaluator(params)
     tokens_per_step: int  # padded positions per batch (what the step computes on)
     placement: Placement  # the mesh, the rules, the batch layout
@@ -56,6 +65,26 @@ class Run:
         rows = self.batch(step, self.placement.local_rows(self.experiment.data.batch_size))
         self.model.check_batch(rows)
         return self.placement.put_batch(rows)
+
+    def device_batches(self, first: int, end: int) -> dict:
+        """Batches ``first .. end - 1`` stacked ``[end - first, B, ...]`` as global arrays, the
+        rows (dim 1) split over the mesh's batch axes: each process builds, checks and puts
+        only its own rows of each batch, as :meth:`device_batch` does."""
+        size = self.experiment.data.batch_size
+        rows = self.placement.local_rows(size)
+        parts = []
+        for step in range(first, end):
+            part = self.batch(step, rows)
+            self.model.check_batch(part)
+            parts.append(part)
+        sharding = stacked_batch_sharding(self.placement)
+        stacked = {key: np.stack([np.asarray(p[key]) for p in parts]) for key in parts[0]}
+        return {
+            key: jax.make_array_from_process_local_data(
+                sharding, local, (end - first, size, *local.shape[2:])
+            )
+            for key, local in stacked.items()
+        }
 
 
 def _source(experiment: Experiment, model):
@@ -177,6 +206,7 @@ def _build_run(experiment: Experiment) -> Run:
         tx,
         schedule,
         jit_train_step(step, placement, shardings),
+        jit_train_steps(step, placement, shardings),
         evaluator,
         sum(int(sample[key].size) for key in model.token_keys),
         placement,

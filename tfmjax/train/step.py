@@ -8,6 +8,11 @@ One step = one optimizer update on the whole batch. ``grad_accum_steps = k`` spl
 batch into k micro-batches of B/k rows, scanned, to save activation memory; the gradient
 is the token-weighted mean over the whole batch either way (sums first, one division).
 
+:func:`make_train_steps` runs the steps of batches stacked ``[n, B, ...]`` in one
+``lax.scan`` (``train.steps_per_call``): step ``s`` is the same function of ``(state, batch
+s)`` either way (its dropout key is ``fold_in(root, state.step)``), so n calls of one step
+and one call of n steps give the same bits (tested for both families with dropout).
+
 A step whose loss or gradient norm is not finite keeps ``params`` and ``opt_state``
 unchanged (``jnp.where``), counts itself in ``window["nonfinite"]`` and records its
 index in ``window["first_nonfinite"]``; the loop reads the window and stops. So a bad
@@ -21,6 +26,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from tfmjax.losses import cross_entropy, sequence_exact_match, token_accuracy
 from tfmjax.train.state import SUM_KEYS, TrainState
@@ -134,6 +140,38 @@ def step_metrics(sums: dict, grad_norm, lr, ok) -> dict:
         "learning_rate": lr,
         "finite": ok,
     }
+
+
+def make_train_steps(train_step: Callable) -> Callable:
+    """``train_steps(state, batches) -> (state, metrics)``: ``train_step`` on each of the
+    batches stacked ``[n, B, ...]``, in order, in one ``lax.scan``; metrics stacked ``[n]``.
+    Not jitted (see :func:`jit_train_steps`)."""
+
+    def train_steps(state: TrainState, batches: dict):
+        return jax.lax.scan(train_step, state, batches)
+
+    return train_steps
+
+
+def stacked_batch_sharding(placement):
+    """The sharding of a stacked batch ``[n, B, ...]``: rows (dim 1) split over the batch
+    axes as :attr:`Placement.batch` splits a batch's dim 0, the steps (dim 0) whole."""
+    return NamedSharding(placement.mesh, PartitionSpec(None, *placement.batch.spec))
+
+
+def jit_train_steps(train_step: Callable, placement=None, state_shardings=None) -> Callable:
+    """:func:`make_train_steps` of ``train_step``, jitted like :func:`jit_train_step` (state
+    donated; on a mesh the batches come as :func:`stacked_batch_sharding` says). One compile
+    per number of steps ``n``."""
+    train_steps = make_train_steps(train_step)
+    if placement is None:
+        return jax.jit(train_steps, donate_argnums=0)
+    return placement.jit(
+        train_steps,
+        in_shardings=(state_shardings, stacked_batch_sharding(placement)),
+        out_shardings=(state_shardings, placement.replicated),
+        donate_argnums=0,
+    )
 
 
 def jit_train_step(train_step: Callable, placement=None, state_shardings=None) -> Callable:
