@@ -1,6 +1,7 @@
-"""Training throughput: tokens/s and model FLOP/s, as a ratio to a 2048^2 fp32 matmul.
+"""Training throughput: tokens/s and model FLOP/s, as a ratio to a 2048^2 fp32 matmul; and
+the training loop's step rate with K steps a call and batches built ahead.
 
-    python bench/train.py [--repeats 3] [--only shakespeare_char|vaswani]
+    python bench/train.py [--repeats 3] [--only shakespeare_char|vaswani|reverse]
 
 Two shapes, each one jitted ``train_step`` (AdamW, clipping, dropout off, fp32):
   shakespeare_char  the model and batch configs/shakespeare_char.toml trains (read from it):
@@ -24,6 +25,15 @@ The reference is ``jnp.dot`` of two 2048x2048 float32 matrices (2 * 2048^3 FLOPs
 the same run, so the ratio cancels most of the machine's speed and load. Compile time
 (first call) is reported apart from the timed steps.
 
+reverse: the loop (``tfmjax.train.train``) on configs/reverse.toml, ``train.steps_per_call``
+1 and 16 x ``train.prefetch`` off and on, ``--repeats`` rounds of the four runs of
+``--loop-steps`` steps (logs every 80; one small eval and one save at the end, untimed);
+steps/s is the median of the log windows after the first (the compile), and each variant's
+ratio is to 1 / off of the same round (the loop as it was before either existed). Then the
+loop's own work (batches, prefetch thread, calls) in one process on one state, the four and
+"before" (a jitted step per batch built in the loop, the old loop) in turn, 64 steps each:
+paired seconds apart, this is the part to trust on a busy machine.
+
 Hugging Face (``pip install 'tfmjax[bench]'``: torch + transformers): with shakespeare_char,
 ``GPT2LMHeadModel`` training on the same shape is timed in the same run (exact-erf "gelu" as
 tfmjax's "gelu", no dropout, tied embeddings, ``torch.optim.AdamW`` with the same settings on
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -56,7 +67,11 @@ from tfmjax.train.optimizer import make_optimizer  # noqa: E402
 from tfmjax.train.state import create_state  # noqa: E402
 from tfmjax.train.step import jit_train_step, make_train_step  # noqa: E402
 
-SHAKESPEARE = Path(__file__).resolve().parents[1] / "configs" / "shakespeare_char.toml"
+ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE = ROOT / "configs" / "shakespeare_char.toml"
+REVERSE = ROOT / "configs" / "reverse.toml"
+LOOP_VARIANTS = [(1, False), (1, True), (16, False), (16, True)]  # (steps_per_call, prefetch)
+LOOP_LOG_EVERY = 80
 _shakespeare = load_config(SHAKESPEARE)
 
 SHAPES = {
@@ -274,12 +289,154 @@ def bench_hf(spec: dict, repeats: int) -> dict | None:
     }
 
 
+def loop_rate(k: int, prefetch: bool, steps: int, workdir: Path) -> dict:
+    """One training run of configs/reverse.toml: steps/s and tokens/s of the timed windows."""
+    from tfmjax.reporting.metrics_log import read_records
+    from tfmjax.train import train
+
+    overrides = [
+        f"train.steps={steps}",
+        f"train.log_every={LOOP_LOG_EVERY}",
+        f"train.eval_every={steps}",
+        f"train.checkpoint_every={steps}",
+        f"train.steps_per_call={k}",
+        f"train.prefetch={str(prefetch).lower()}",
+        f"train.workdir={workdir}",
+        "data.eval_examples=64",
+    ]
+    with open(os.devnull, "w") as quiet:
+        train(load_config(REVERSE, overrides), progress=False, plot=False, stream=quiet)
+    windows = [r["timing"] for r in read_records(workdir / "metrics.jsonl")[1:]]
+    windows = [w for w in windows if "steps_per_sec" in w]
+    return {
+        "steps_per_sec": statistics.median(w["steps_per_sec"] for w in windows),
+        "tokens_per_sec": statistics.median(w["tokens_per_sec"] for w in windows),
+    }
+
+
+def bench_loop(repeats: int, steps: int) -> dict:
+    """Each (steps_per_call, prefetch) run ``repeats`` times, in rounds of all four (the order
+    turned by one each round): median and best steps/s, median tokens/s, and the median over
+    the rounds of each one's ratio to the round's steps_per_call 1 without prefetch (pairing
+    runs a minute apart cancels most of a shared machine's drifting load). The four share one
+    build (the loop's settings do not change what is compiled): each program compiles once."""
+    import tempfile
+
+    runs = {variant: [] for variant in LOOP_VARIANTS}
+    ratios = {variant: [] for variant in LOOP_VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            turn = r % len(LOOP_VARIANTS)
+            got = {}
+            for k, prefetch in LOOP_VARIANTS[turn:] + LOOP_VARIANTS[:turn]:
+                workdir = Path(tmp) / f"k{k}-{prefetch}-{r}"
+                got[(k, prefetch)] = loop_rate(k, prefetch, steps, workdir)
+            base = got[LOOP_VARIANTS[0]]["steps_per_sec"]
+            for variant, rate in got.items():
+                runs[variant].append(rate)
+                ratios[variant].append(rate["steps_per_sec"] / base)
+    return {
+        variant: {
+            "steps_per_sec": statistics.median(run["steps_per_sec"] for run in got),
+            "best": max(run["steps_per_sec"] for run in got),
+            "tokens_per_sec": statistics.median(run["tokens_per_sec"] for run in got),
+            "ratio": statistics.median(ratios[variant]),
+            "ratios": ratios[variant],
+        }
+        for variant, got in runs.items()
+    }
+
+
+def bench_loop_paired(rounds: int, segment: int = 64) -> dict:
+    """The loop's own work, one process, one state: ``segment`` steps of each variant in turn
+    (batches, prefetch thread, calls; the order turned each round), and "before": a jitted
+    step per batch built in the loop, as the loop ran before steps_per_call and prefetch.
+    Median steps/s and the median of each round's ratio to "before"."""
+    from tfmjax.train.loop import call_spans
+    from tfmjax.train.prefetch import Prefetcher
+    from tfmjax.train.run import build_run
+
+    run = build_run(load_config(REVERSE, [f"train.log_every={LOOP_LOG_EVERY}"]))
+    holder = [create_state(run.model, run.tx, run.batch(0), 0, run.state_shardings), 0]
+
+    def rate(variant) -> float:
+        state, first = holder
+        begin = time.perf_counter()
+        if variant == "before":
+            for s in range(first, first + segment):
+                state, _ = run.train_step(state, run.device_batch(s))
+        else:
+            spans = call_spans(first, first + segment, variant[0])
+            build = lambda span: run.device_batches(*span)  # noqa: E731
+            with Prefetcher(build, spans, background=variant[1]) as batches:
+                for span in spans:
+                    state, _ = run.train_steps(state, batches.take(span))
+        holder[:] = [jax.block_until_ready(state), first + segment]
+        return segment / (time.perf_counter() - begin)
+
+    variants = ["before", *LOOP_VARIANTS]
+    for variant in variants:  # compile
+        rate(variant)
+    rates = {v: [] for v in variants}
+    for r in range(rounds):
+        got = {v: rate(v) for v in variants[r % 5 :] + variants[: r % 5]}
+        for v in variants:
+            rates[v].append((got[v], got[v] / got["before"]))
+    return {
+        v: (statistics.median(a for a, _ in got), statistics.median(b for _, b in got))
+        for v, got in rates.items()
+    }
+
+
+def print_loop(rows: dict, repeats: int, steps: int) -> None:
+    print(
+        f"\nreverse: the training loop on {REVERSE.relative_to(ROOT)} ({steps} steps a run, "
+        f"steps/s of the log windows after the first; {repeats} rounds of the four runs)"
+    )
+    header = (
+        f"{'steps_per_call':>14} {'prefetch':>8} {'steps/s':>8} {'best':>6} {'tokens/s':>9} "
+        f"{'vs 1, off':>9}  each round"
+    )
+    print(header)
+    print("-" * len(header))
+    for (k, prefetch), row in rows.items():
+        each = " ".join(f"{v:.2f}" for v in row["ratios"])
+        print(
+            f"{k:>14} {'on' if prefetch else 'off':>8} {row['steps_per_sec']:>8.1f} "
+            f"{row['best']:>6.1f} {row['tokens_per_sec']:>9,.0f} {row['ratio']:>8.2f}x  {each}"
+        )
+    print(
+        "steps/s, tokens/s: medians over the rounds; vs 1, off: the median of each round's "
+        "ratio; steps_per_call 1 with prefetch off is the loop as it was before either existed."
+    )
+
+
+def print_loop_paired(rows: dict, rounds: int) -> None:
+    print(
+        f"\nreverse, the loop's own work: one process, one state, {rounds} rounds of 64 steps "
+        "of each in turn (steps/s median; vs before: the median of the rounds' ratios)"
+    )
+    for v, (steps_per_sec, ratio) in rows.items():
+        name = v if v == "before" else f"{v[0]:>2} a call, prefetch {'on' if v[1] else 'off'}"
+        print(f"  {name:<24} {steps_per_sec:>6.1f} steps/s {ratio:>6.2f}x")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=sorted(SHAPES), default=None)
+    parser.add_argument("--only", choices=[*sorted(SHAPES), "reverse"], default=None)
+    parser.add_argument(
+        "--loop-steps", type=int, default=400, help="steps of each reverse run (a multiple of 80)"
+    )
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s))")
+    if args.only in (None, "reverse"):
+        rows = bench_loop(args.repeats, args.loop_steps)
+        print_loop(rows, args.repeats, args.loop_steps)
+        rounds = max(6, 2 * args.repeats)
+        print_loop_paired(bench_loop_paired(rounds), rounds)
+        if args.only == "reverse":
+            return 0
     chosen = {n: s for n, s in SHAPES.items() if args.only in (None, n)}
     before = matmul_gflops(args.repeats)
     rows = [bench_shape(n, s, args.repeats) for n, s in chosen.items()]

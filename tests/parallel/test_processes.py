@@ -84,9 +84,10 @@ def launch(args: list[str], workdir: Path, port: int, log: str = "") -> list[sub
     return procs
 
 
-def start(workdir: Path, steps: int, port: int) -> list[subprocess.Popen]:
+def start(workdir: Path, steps: int, port: int, *extra: str) -> list[subprocess.Popen]:
     """Processes 0 and 1 of one training run; output goes to workdir.pI.log."""
-    args = ["train.py", CONFIG, *OVERRIDES, f"train.steps={steps}", f"train.workdir={workdir}"]
+    args = ["train.py", CONFIG, *OVERRIDES, *extra, f"train.steps={steps}"]
+    args.append(f"train.workdir={workdir}")
     return launch([*args, "--progress=lines"], workdir, port)
 
 
@@ -171,6 +172,22 @@ def test_two_processes_train_like_one_and_resume(tmp_path):
     got_lines = [line for line in output(both, 0, "gen").splitlines() if " -> " in line]
     assert got_lines == want_lines
     assert " -> " not in output(both, 1, "gen")
+
+
+def test_two_processes_with_two_steps_a_call_train_like_one_step_a_call(tmp_path):
+    """steps_per_call=2 with batches built ahead: each process stacks its own rows of two
+    batches into [2, 16, ...] global arrays; the records equal a one-process run of one step
+    a call (within float rounding across the process boundary, as above)."""
+    calls = ["train.log_every=2", "train.checkpoint_every=2"]
+    reference = tmp_path / "one"
+    overrides = [*OVERRIDES, *calls, "train.steps=4", f"train.workdir={reference}"]
+    train(load(CONFIG, overrides), plot=False)
+    both = tmp_path / "two"
+    finish(start(both, 4, free_port(), *calls, "train.steps_per_call=2"), both)
+    assert "compiled and ran the first 2 steps" in output(both, 0)
+    got, want = train_records(both), train_records(reference)
+    assert sorted(got) == sorted(want) == [2, 4]
+    np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-5)
 
 
 @pytest.mark.parametrize("lost", [1, 0], ids=["worker_lost", "coordinator_lost"])

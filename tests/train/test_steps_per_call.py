@@ -17,6 +17,7 @@ import pytest
 import tfmjax.train.loop as loop
 from tfmjax.checkpoint import load_for_inference, params_hash
 from tfmjax.config import ConfigError, from_dict
+from tfmjax.parallel.processes import to_host
 from tfmjax.reporting.metrics_log import deterministic_part, read_records
 from tfmjax.train.loop import call_spans, train
 from tfmjax.train.resume import config_changes
@@ -200,3 +201,26 @@ def test_no_device_value_is_fetched_between_log_eval_and_save_steps(tmp_path, mo
     assert guarded == [True] * 8
     assert spy.fetches and all("np.asarray(probe)" in f for f in spy.fetches), spy.fetches
     assert [r["step"] for r in read_records(tmp_path / "metrics.jsonl")] == [4, 8, 8]
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
+def test_a_scan_of_steps_equals_as_many_jitted_steps_bit_for_bit(family):
+    """The step the loop ran before steps_per_call (one jitted ``train_step`` a batch) and
+    ``train_steps`` over the same batches stacked: the same state (params, Adam moments, log
+    window) and the same per-step metrics, bit for bit, with dropout on."""
+    from tfmjax.train.run import build_run
+    from tfmjax.train.state import create_state
+
+    run = build_run(experiment(family, "unused", steps=4, log=4, every=4))
+    fresh = lambda: create_state(run.model, run.tx, run.batch(0), 0, run.state_shardings)  # noqa: E731
+    one, metrics = fresh(), []
+    for step in range(4):
+        one, m = run.train_step(one, run.device_batch(step))
+        metrics.append(m)
+    scanned, stacked = run.train_steps(fresh(), run.device_batches(0, 4))
+    bits = lambda tree: [  # noqa: E731
+        (x.dtype, x.shape, x.tobytes()) for x in map(np.asarray, jax.tree.leaves(to_host(tree)))
+    ]
+    assert bits(one) == bits(scanned)
+    per_step = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(4)]
+    assert bits(metrics) == bits(per_step)

@@ -121,9 +121,11 @@ _MAX_RUNS = 2
 
 
 def _run_key(experiment: Experiment) -> str:
-    """Everything that shapes the compiled functions: the config minus its name and workdir."""
+    """Everything that shapes the compiled functions: the config minus its name, workdir and
+    the loop's settings (``train_steps`` compiles once per number of steps, whatever K)."""
     raw = experiment.to_dict()
     raw["name"], raw["train"]["workdir"] = "", ""
+    raw["train"]["steps_per_call"] = raw["train"]["prefetch"] = None
     return json.dumps(raw, sort_keys=True)
 
 
