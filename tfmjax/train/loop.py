@@ -10,7 +10,7 @@ cut back to the resumed step. So a run stopped anywhere and resumed ends with th
 params (bit for bit) and the same records (apart from their ``timing``) as a straight run.
 
 Keeping a device busy: ``train.steps_per_call = K`` runs K steps in one jitted call (a
-``lax.scan`` over K stacked batches, :func:`call_spans` cuts the run into calls); the log,
+loop over K stacked batches, :func:`call_spans` cuts the run into calls); the log,
 evaluation and checkpoint intervals are multiples of K, so records, evaluations and saves
 fall between calls, and K = 1 or 10 give the same params and records. ``train.prefetch``
 builds the next calls' batches on a background thread (:mod:`tfmjax.train.prefetch`). Between

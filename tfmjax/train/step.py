@@ -8,10 +8,12 @@ One step = one optimizer update on the whole batch. ``grad_accum_steps = k`` spl
 batch into k micro-batches of B/k rows, scanned, to save activation memory; the gradient
 is the token-weighted mean over the whole batch either way (sums first, one division).
 
-:func:`make_train_steps` runs the steps of batches stacked ``[n, B, ...]`` in one
-``lax.scan`` (``train.steps_per_call``): step ``s`` is the same function of ``(state, batch
-s)`` either way (its dropout key is ``fold_in(root, state.step)``), so n calls of one step
-and one call of n steps give the same bits (tested for both families with dropout).
+:func:`make_train_steps` runs the steps of batches stacked ``[n, B, ...]`` in one loop
+(``train.steps_per_call``): step ``s`` is the same function of ``(state, batch s)`` whatever
+the call (its dropout key is ``fold_in(root, state.step)``), and every n compiles the same
+loop body, so n calls of one step and one call of n steps give the same bits (tested for
+both families with dropout). The standalone ``train_step`` may differ from them in the last
+bit: XLA compiles it into other kernels.
 
 A step whose loss or gradient norm is not finite keeps ``params`` and ``opt_state``
 unchanged (``jnp.where``), counts itself in ``window["nonfinite"]`` and records its
@@ -144,11 +146,37 @@ def step_metrics(sums: dict, grad_norm, lr, ok) -> dict:
 
 def make_train_steps(train_step: Callable) -> Callable:
     """``train_steps(state, batches) -> (state, metrics)``: ``train_step`` on each of the
-    batches stacked ``[n, B, ...]``, in order, in one ``lax.scan``; metrics stacked ``[n]``.
-    Not jitted (see :func:`jit_train_steps`)."""
+    batches stacked ``[n, B, ...]``, in order, in one loop; metrics stacked ``[n]``. Not
+    jitted (see :func:`jit_train_steps`).
+
+    Every n compiles the same loop body, so a call of one step and a call of ten give the same
+    bits. (XLA:CPU contracts multiply-adds into FMAs kernel by kernel, so the same arithmetic
+    compiled into other kernels can round differently in the last bit: a one-step call
+    inlined by XLA, or sliced over a dimension of 1, did.) Two things keep XLA from compiling
+    a call of one step differently: one ``lax.rng_uniform`` per step, XLA's stateful RNG, a
+    side effect that keeps its simplifier from inlining a one-iteration loop (its value always
+    passes ``< 2``, so ``finite`` is unchanged); and one spare slot in the stacked batches and
+    metrics, so no slice or update is over a dimension of 1, which XLA would drop. The trip
+    count stays static: a GPU runs the loop without reading a predicate back each step.
+    """
 
     def train_steps(state: TrainState, batches: dict):
-        return jax.lax.scan(train_step, state, batches)
+        n = jax.tree.leaves(batches)[0].shape[0]
+        shapes = jax.eval_shape(train_step, state, jax.tree.map(lambda x: x[0], batches))[1]
+        slots = jax.tree.map(lambda x: jnp.concatenate([x, x[:1]]), batches)  # n + 1
+        metrics = jax.tree.map(lambda m: jnp.zeros((n + 1, *m.shape), m.dtype), shapes)
+
+        def body(i, carry):
+            state, metrics = carry
+            batch = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, False), slots)
+            state, step = train_step(state, batch)
+            kept = jax.lax.rng_uniform(0.0, 1.0, ()) < 2.0  # always true
+            step = dict(step, finite=step["finite"] & kept)
+            put = lambda buf, v: jax.lax.dynamic_update_index_in_dim(buf, v, i, 0)  # noqa: E731
+            return state, jax.tree.map(put, metrics, step)
+
+        state, metrics = jax.lax.fori_loop(0, n, body, (state, metrics))
+        return state, jax.tree.map(lambda m: m[:n], metrics)
 
     return train_steps
 
