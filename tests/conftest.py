@@ -13,16 +13,7 @@ import shutil
 import tempfile
 import uuid
 
-# LLVM's O0 for the compiled programs: XLA's HLO passes (fusion, layout, the program itself)
-# are the default ones, only the machine-code optimisation is skipped. Most of the suite's time
-# is XLA:CPU compiling small models; O0 compiles them ~40% faster and runs them as fast at
-# these sizes. Bits can differ from the default level (LLVM may contract a multiply and an add
-# into an FMA), so every comparison here is between two programs compiled alike, and the
-# oracle tolerances hold at both levels (`XLA_FLAGS=--xla_force_host_platform_device_count=8
-# make test` runs the suite at the default level).
-os.environ.setdefault(
-    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-)
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TFMJAX_CACHE_DIR", os.path.join(tempfile.gettempdir(), "tfmjax-test-cache"))
 JIT_CACHE_ROOT = os.path.join(tempfile.gettempdir(), "tfmjax-test-jit-cache")
