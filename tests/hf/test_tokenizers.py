@@ -1,0 +1,269 @@
+"""Tokenizers travel with imported models: ``hf import`` stores the ``tokenizer.json`` beside the
+weights in the checkpoint, ``generate --input "text"`` encodes with it and prints text, and
+``hf export`` writes it back.
+
+A small byte-level BPE is trained here (``tokenizers``) for each of the tiny random GPT-2,
+Llama and T5 goldens, with that architecture's special-token layout (GPT-2: ``<|endoftext|>``
+last, BOS = EOS, no pad; Llama: ``<unk> <s> </s>`` at 0 1 2, BOS added; T5: ``<pad>`` 0,
+``</s>`` 2 appended). The ids Hugging Face's tokenizer gives come from ``transformers``'s
+``AutoTokenizer`` when it is installed, else from ``goldens/tokenizers.json``, which
+``python tests/hf/test_tokenizers.py`` rewrites (with transformers installed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from tfmjax.checkpoint import load_assets
+from tfmjax.generate import main as generate_main
+from tfmjax.hf.cli import main as hf_main
+
+HERE = Path(__file__).parent
+GOLDENS = HERE / "goldens"
+TOKENIZER_GOLDENS = GOLDENS / "tokenizers.json"
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+TEXT = (
+    "the cat sat on the mat. the dog ran to the cat, and the cat ran up a tree! "
+    "a bird sang in the tree; the dog barked at it. then it began to rain, so they went home. "
+    "she read a book by the fire while the kettle boiled, and the wind howled over the hills."
+)
+PROMPT = "the dog sat on"
+NEW = 6  # new tokens generated (the tiny models hold 32 positions)
+# case: golden model, special tokens (in id order, or appended last), tokenizer_config fields,
+# post-processor template (None: none)
+CASES = {
+    "gpt2": dict(
+        model="gpt2_hf_ids",
+        first=[],
+        last=["<|endoftext|>"],
+        config={"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+        template=None,
+    ),
+    "llama": dict(
+        model="llama_hf_ids",
+        first=["<unk>", "<s>", "</s>"],
+        last=[],
+        config={"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+        template="<s> $A",
+    ),
+    "t5": dict(
+        model="t5_v1_0",
+        first=["<pad>", "<unk>", "</s>"],
+        last=[],
+        config={"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
+        template="$A </s>",
+    ),
+}
+
+
+def train_tokenizer(case: str):
+    """A byte-level BPE of 96 ids (the tiny models' vocabulary) in ``case``'s layout."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    spec = CASES[case]
+    unk = "<unk>" if "<unk>" in spec["first"] else None
+    tok = Tokenizer(models.BPE(unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    size = 96 - len(spec["last"])
+    trainer = trainers.BpeTrainer(
+        vocab_size=size, special_tokens=spec["first"], show_progress=False
+    )
+    tok.train_from_iterator([TEXT] * 4, trainer)
+    tok.add_special_tokens(spec["last"])
+    assert tok.get_vocab_size() == 96  # every id of the model is a token
+    if spec["template"]:
+        special = [t for t in spec["first"] if t in spec["template"]]
+        tok.post_processor = processors.TemplateProcessing(
+            single=spec["template"], special_tokens=[(t, tok.token_to_id(t)) for t in special]
+        )
+    return tok
+
+
+def model_dir(case: str, root: Path, *, tokenizer: bool = True) -> Path:
+    """The golden model of ``case`` with its tokenizer files beside it, as save_pretrained
+    would leave them (tokenizer.json, tokenizer_config.json)."""
+    spec = CASES[case]
+    out = root / f"{case}_hf"
+    out.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(GOLDENS / spec["model"] / name, out / name)
+    if tokenizer:
+        train_tokenizer(case).save(str(out / "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **spec["config"]}
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def hf_reference(directory: Path, text: str, ids: list[int]) -> dict:
+    """What transformers' tokenizer in ``directory`` makes of ``text`` and ``ids``."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    return {
+        "input_ids": tok(text)["input_ids"],
+        "decoded": tok.decode(ids, skip_special_tokens=True),
+        "special": [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id],
+    }
+
+
+def reference(case: str, directory: Path, ids: list[int]) -> dict:
+    """Live transformers when installed, else the committed golden of ``case``."""
+    if HAS_TRANSFORMERS:
+        return hf_reference(directory, PROMPT, ids)
+    return json.loads(TOKENIZER_GOLDENS.read_text())[case]
+
+
+def run_cli(main, argv, capsys) -> str:
+    capsys.readouterr()
+    assert main([str(a) for a in argv]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+def generated(case: str, root: Path, capsys) -> dict:
+    """Import ``case`` with its tokenizer, then generate from the text and from the ids."""
+    work = root / "work"
+    run_cli(hf_main, ["import", model_dir(case, root), work], capsys)
+    out = run_cli(generate_main, [work, "--input", PROMPT, "--max-new-tokens", NEW], capsys)
+    text = out.strip().split(" -> ", 1)[1] if " -> " in out else ""
+    assert out.startswith(f"{PROMPT} -> ")
+    return {"work": work, "text": text}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_generating_from_text_equals_generating_from_hf_tokenizer_ids(case, tmp_path, capsys):
+    got = generated(case, tmp_path, capsys)
+    saved = load_assets(got["work"], 0)["tokenizer"]
+    golden = json.loads(TOKENIZER_GOLDENS.read_text())[case]
+    ids = reference(case, tmp_path / f"{case}_hf", [])["input_ids"]
+    assert ids == golden["input_ids"]  # the live tokenizer agrees with the golden one
+    prompt = " ".join(map(str, ids))
+    out = run_cli(generate_main, [got["work"], "--ids", prompt, "--max-new-tokens", NEW], capsys)
+    new = [int(t) for t in out.split(" -> ")[1].split()]
+    want = reference(case, tmp_path / f"{case}_hf", new)
+    if not HAS_TRANSFORMERS:  # the golden decoded the ids these are
+        assert new == golden["generated"]
+    assert [saved["bos_id"], saved["eos_id"], saved["pad_id"]] == want["special"]
+    assert got["text"] == want["decoded"]
+    if case == "llama":
+        assert ids[0] == saved["bos_id"]  # Llama's tokenizer adds BOS; GPT-2's does not
+    if case == "t5":
+        assert ids[-1] == saved["eos_id"]
+
+
+def test_generation_from_text_stops_at_the_eos(tmp_path, capsys):
+    """With the model's EOS (generation_config.json) set to a token its greedy continuation
+    reaches, the printed text ends before it."""
+    golden = json.loads(TOKENIZER_GOLDENS.read_text())["llama"]
+    first = generated("llama", tmp_path / "a", capsys)
+    ids = " ".join(map(str, golden["input_ids"]))
+    out = run_cli(generate_main, [first["work"], "--ids", ids, "--max-new-tokens", NEW], capsys)
+    new = [int(t) for t in out.split(" -> ")[1].split()]
+    k = next(k for k in range(1, len(new)) if new[k] not in new[:k])
+    directory = model_dir("llama", tmp_path / "b")
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": new[k]}))
+    work = tmp_path / "b" / "work"
+    run_cli(hf_main, ["import", directory, work], capsys)
+    out = run_cli(generate_main, [work, "--input", PROMPT, "--max-new-tokens", NEW], capsys)
+    tokenizer = train_tokenizer("llama")
+    assert out.strip() == f"{PROMPT} -> {tokenizer.decode(new[:k], skip_special_tokens=True)}"
+    assert first["text"] == tokenizer.decode(new, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("case", ["llama", "t5"])
+def test_export_writes_the_tokenizer_back(case, tmp_path, capsys):
+    work, out = tmp_path / "work", tmp_path / "out"
+    directory = model_dir(case, tmp_path)
+    run_cli(hf_main, ["import", directory, work], capsys)
+    run_cli(hf_main, ["export", work, out], capsys)
+    original = train_tokenizer(case)
+    from tokenizers import Tokenizer
+
+    back = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert back.encode(TEXT).ids == original.encode(TEXT).ids
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert {k: config[k] for k in CASES[case]["config"]} == CASES[case]["config"]
+    again = tmp_path / "again"
+    run_cli(hf_main, ["import", out, again], capsys)
+    assert load_assets(again, 0)["tokenizer"] == load_assets(work, 0)["tokenizer"]
+    if HAS_TRANSFORMERS:
+        ids = original.encode(TEXT).ids
+        assert hf_reference(out, TEXT, ids) == hf_reference(directory, TEXT, ids)
+
+
+def test_export_keeps_the_imported_dtype_and_normal_file_modes(tmp_path, capsys):
+    work, out = tmp_path / "work", tmp_path / "out"
+    run_cli(hf_main, ["import", model_dir("gpt2", tmp_path), work], capsys)
+    old = os.umask(0o022)
+    try:
+        run_cli(hf_main, ["export", work, out], capsys)
+    finally:
+        os.umask(old)
+    tensors = load_file(out / "model.safetensors")
+    assert {str(a.dtype) for a in tensors.values()} == {"float16"}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
+    for path in out.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path.name
+
+
+def test_without_a_tokenizer_import_hints_and_generate_input_says_what_to_do(tmp_path, capsys):
+    work = tmp_path / "work"
+    out = run_cli(hf_main, ["import", model_dir("gpt2", tmp_path, tokenizer=False), work], capsys)
+    assert out.count("\n") == 2 and "hint: no tokenizer.json beside the weights" in out
+    assert generate_main([str(work), "--input", PROMPT]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "generate takes --ids only" in err
+    assert generate_main([str(work), "--ids", "40 41", "--max-new-tokens", "2"]) == 0
+
+
+def test_special_ids_come_from_the_first_file_that_names_them(tmp_path):
+    from tfmjax.hf import tokenizer as hf_tokenizer
+
+    directory = model_dir("llama", tmp_path)
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    (directory / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": {"content": "<s>"}, "eos_token": "<unk>"})
+    )
+    (directory / "generation_config.json").write_text(json.dumps({"pad_token_id": [0, 2]}))
+    got = hf_tokenizer.read(directory)
+    assert (got.bos_id, got.eos_id, got.pad_id) == (1, 2, 0)
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<nope>"}))
+    with pytest.raises(hf_tokenizer.HFError, match="eos_token '<nope>' is not in tokenizer.json"):
+        hf_tokenizer.read(directory)
+
+
+def write_goldens(root: Path) -> None:
+    """Rewrite goldens/tokenizers.json with transformers' ids (run as a script)."""
+    import contextlib
+    import io
+
+    goldens = {}
+    for case in sorted(CASES):
+        directory = model_dir(case, root / case)
+        ids = hf_reference(directory, PROMPT, [])["input_ids"]
+        work = root / case / "work"
+        assert hf_main(["import", str(directory), str(work)]) == 0
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            args = [str(work), "--ids", " ".join(map(str, ids)), "--max-new-tokens", str(NEW)]
+            assert generate_main(args) == 0
+        new = [int(t) for t in buffer.getvalue().split(" -> ")[1].split()]
+        goldens[case] = {**hf_reference(directory, PROMPT, new), "generated": new}
+    TOKENIZER_GOLDENS.write_text(json.dumps(goldens, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_goldens(Path(tmp))
+    sys.exit(0)
