@@ -2,12 +2,11 @@
 weights in the checkpoint, ``generate --input "text"`` encodes with it and prints text, and
 ``hf export`` writes it back.
 
-A small byte-level BPE is trained here (``tokenizers``) for each of the tiny random GPT-2,
-Llama and T5 goldens, with that architecture's special-token layout (GPT-2: ``<|endoftext|>``
-last, BOS = EOS, no pad; Llama: ``<unk> <s> </s>`` at 0 1 2, BOS added; T5: ``<pad>`` 0,
-``</s>`` 2 appended). The ids Hugging Face's tokenizer gives come from ``transformers``'s
-``AutoTokenizer`` when it is installed, else from ``goldens/tokenizers.json``, which
-``python tests/hf/test_tokenizers.py`` rewrites (with transformers installed).
+The models and their tokenizers are those of ``tokenizer_fixture.py`` (a small byte-level
+BPE trained there per architecture). The ids Hugging Face's tokenizer gives come from
+``transformers``'s ``AutoTokenizer`` when it is installed, else from
+``goldens/tokenizers.json``, which ``python tests/hf/test_tokenizers.py`` rewrites (with
+transformers installed).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import stat
 import sys
 from pathlib import Path
@@ -31,77 +29,26 @@ HERE = Path(__file__).parent
 GOLDENS = HERE / "goldens"
 TOKENIZER_GOLDENS = GOLDENS / "tokenizers.json"
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-TEXT = (
-    "the cat sat on the mat. the dog ran to the cat, and the cat ran up a tree! "
-    "a bird sang in the tree; the dog barked at it. then it began to rain, so they went home. "
-    "she read a book by the fire while the kettle boiled, and the wind howled over the hills."
-)
+
+
+def load_fixture():
+    spec = importlib.util.spec_from_file_location(
+        "tokenizer_fixture", HERE / "tokenizer_fixture.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 PROMPT = "the dog sat on"
 NEW = 6  # new tokens generated (the tiny models hold 32 positions)
-# case: golden model, special tokens (in id order, or appended last), tokenizer_config fields,
-# post-processor template (None: none)
-CASES = {
-    "gpt2": dict(
-        model="gpt2_hf_ids",
-        first=[],
-        last=["<|endoftext|>"],
-        config={"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
-        template=None,
-    ),
-    "llama": dict(
-        model="llama_hf_ids",
-        first=["<unk>", "<s>", "</s>"],
-        last=[],
-        config={"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
-        template="<s> $A",
-    ),
-    "t5": dict(
-        model="t5_v1_0",
-        first=["<pad>", "<unk>", "</s>"],
-        last=[],
-        config={"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
-        template="$A </s>",
-    ),
-}
-
-
-def train_tokenizer(case: str):
-    """A byte-level BPE of 96 ids (the tiny models' vocabulary) in ``case``'s layout."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    spec = CASES[case]
-    unk = "<unk>" if "<unk>" in spec["first"] else None
-    tok = Tokenizer(models.BPE(unk_token=unk))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    size = 96 - len(spec["last"])
-    trainer = trainers.BpeTrainer(
-        vocab_size=size, special_tokens=spec["first"], show_progress=False
-    )
-    tok.train_from_iterator([TEXT] * 4, trainer)
-    tok.add_special_tokens(spec["last"])
-    assert tok.get_vocab_size() == 96  # every id of the model is a token
-    if spec["template"]:
-        special = [t for t in spec["first"] if t in spec["template"]]
-        tok.post_processor = processors.TemplateProcessing(
-            single=spec["template"], special_tokens=[(t, tok.token_to_id(t)) for t in special]
-        )
-    return tok
-
-
-def model_dir(case: str, root: Path, *, tokenizer: bool = True) -> Path:
-    """The golden model of ``case`` with its tokenizer files beside it, as save_pretrained
-    would leave them (tokenizer.json, tokenizer_config.json)."""
-    spec = CASES[case]
-    out = root / f"{case}_hf"
-    out.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(GOLDENS / spec["model"] / name, out / name)
-    if tokenizer:
-        train_tokenizer(case).save(str(out / "tokenizer.json"))
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", **spec["config"]}
-        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    return out
+FIXTURE = load_fixture()
+CASES, TEXT, train_tokenizer, model_dir = (
+    FIXTURE.CASES,
+    FIXTURE.TEXT,
+    FIXTURE.train_tokenizer,
+    FIXTURE.model_dir,
+)
 
 
 def hf_reference(directory: Path, text: str, ids: list[int]) -> dict:
@@ -213,6 +160,28 @@ def test_export_keeps_the_imported_dtype_and_normal_file_modes(tmp_path, capsys)
     assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
     for path in out.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path.name
+
+
+def test_a_run_fine_tuned_from_an_import_exports_its_dtype_and_tokenizer(tmp_path, capsys):
+    """Two steps on a toy task from the imported GPT-2: the export is float16 as the
+    original, with the tokenizer files, although the fine-tuned workdir holds neither."""
+    from tfmjax.config import load
+    from tfmjax.train.loop import train
+
+    work, tuned, out = tmp_path / "work", tmp_path / "tuned", tmp_path / "out"
+    run_cli(hf_main, ["import", model_dir("gpt2", tmp_path), work], capsys)
+    overrides = ["data.task=copy", "data.batch_size=2", "data.eval_examples=2", "train.steps=2"]
+    overrides += ["train.eval_every=10", "train.checkpoint_every=2", "optim.warmup_steps=1"]
+    overrides += [f"train.workdir={tuned}"]
+    experiment = load(work / "finetune.toml", overrides)
+    assert train(experiment, plot=False)["step"] == 2
+    run_cli(hf_main, ["export", tuned, out], capsys)
+    assert {str(a.dtype) for a in load_file(out / "model.safetensors").values()} == {"float16"}
+    from tokenizers import Tokenizer
+
+    back = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert back.encode(TEXT).ids == train_tokenizer("gpt2").encode(TEXT).ids
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 95
 
 
 def test_without_a_tokenizer_import_hints_and_generate_input_says_what_to_do(tmp_path, capsys):
