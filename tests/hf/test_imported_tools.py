@@ -45,13 +45,13 @@ def reference_nll(case: str, ids: list[int], width: int) -> tuple[float, int]:
     from tfmjax.models import build
 
     cfg, params = hf.load(FIXTURE.GOLDENS / FIXTURE.CASES[case]["model"])
-    model = build(cfg)
+    apply = jax.jit(build(cfg).apply)
     if ids[0] == cfg.bos_id:
         ids = ids[1:]
     total = 0.0
     for start in range(0, len(ids), width):
         window = np.asarray([ids[start : start + width]], np.int32)
-        logits = np.asarray(model.apply(params, {"tokens": window}), np.float64)[0]
+        logits = np.asarray(apply(params, {"tokens": window}), np.float64)[0]
         top = logits.max(-1, keepdims=True)
         logp = logits - top - np.log(np.sum(np.exp(logits - top), -1, keepdims=True))
         total -= float(np.sum(logp[np.arange(window.shape[1]), window[0]]))

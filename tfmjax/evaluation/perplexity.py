@@ -44,7 +44,8 @@ def text_perplexity(model_config, params, ids: list[int], chars: int, batch_size
     model = build(model_config, deterministic=True)
     if model.batch_format != "prompt_answer":
         raise ValueError(
-            f"--text scores a causal language model; a {model_config.family} model is not one"
+            f"--text scores a causal language model; model.family={model_config.family!r} "
+            "is not one (fine-tune it on a task and evaluate that)"
         )
     tokens, real = text_windows(ids, model_config.max_len, model_config.bos_id)
     sums = jax.jit(functools.partial(row_sums, model))
