@@ -208,6 +208,9 @@ def test_special_ids_come_from_the_first_file_that_names_them(tmp_path):
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<nope>"}))
     with pytest.raises(hf_tokenizer.HFError, match="eos_token '<nope>' is not in tokenizer.json"):
         hf_tokenizer.read(directory)
+    (directory / "tokenizer.json").write_text("{")
+    with pytest.raises(hf_tokenizer.HFError, match="is not a tokenizer the tokenizers package"):
+        hf_tokenizer.read(directory)
 
 
 def write_goldens(root: Path) -> None:

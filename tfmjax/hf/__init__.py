@@ -4,7 +4,8 @@
 Files: ``tensors`` (safetensors through NumPy), ``fields`` (reading ``config.json`` field by
 field, refusing what tfmjax cannot honour), ``mapping`` (exact, invertible tensor maps),
 ``arch`` (what an architecture provides), one module per architecture, ``api`` (load and
-save), ``cli`` (``python -m tfmjax.hf import|export``).
+save), ``tokenizer`` (the ``tokenizer.json`` beside the weights, read and written back),
+``cli`` (``python -m tfmjax.hf import|export``).
 """
 
 from tfmjax.hf.api import ARCHITECTURES, architecture_for, config_from_hf, load, read_config, save

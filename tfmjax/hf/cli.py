@@ -123,12 +123,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tfmjax.hf", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("import", help="HF directory -> tfmjax checkpoint")
-    imp.add_argument("hf_dir", help="directory with config.json and model.safetensors")
+    imp.add_argument(
+        "hf_dir", help="directory with config.json and model.safetensors (and tokenizer.json)"
+    )
     imp.add_argument("workdir", help="new tfmjax workdir (checkpoints/0 is written)")
     exp = sub.add_parser("export", help="tfmjax checkpoint -> HF directory")
     exp.add_argument("workdir", help="a tfmjax workdir, its checkpoints dir, or one step dir")
-    exp.add_argument("hf_dir", help="directory to write config.json and model.safetensors to")
-    exp.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+    exp.add_argument(
+        "hf_dir", help="directory to write config.json, model.safetensors and the tokenizer to"
+    )
+    exp.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default=None,
+        help="the tensors' dtype on disk (default: the imported model's own; else float32)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "import":

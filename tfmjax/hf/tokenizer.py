@@ -79,7 +79,7 @@ def read(directory: str | Path) -> HFTokenizer | None:
     text = path.read_text()
     try:
         tokenizer = HFTokenizer(text)
-    except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception
+    except Exception as err:  # tokenizers raises a bare Exception
         raise HFError(f"{path} is not a tokenizer the tokenizers package reads: {err}") from None
     files = {n: (directory / n).read_text() for n in CONFIG_FILES if (directory / n).is_file()}
     for name, value in special_ids(directory, tokenizer).items():
