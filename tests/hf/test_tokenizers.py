@@ -63,11 +63,22 @@ def hf_reference(directory: Path, text: str, ids: list[int]) -> dict:
     }
 
 
+def golden_of(case: str) -> dict:
+    """The committed golden of ``case``, once the BPE trained here is checked to be the one
+    it was made with (a ``tokenizers`` release that trains differently says so)."""
+    golden = json.loads(TOKENIZER_GOLDENS.read_text())[case]
+    assert train_tokenizer(case).encode(TEXT).ids == golden["text_ids"], (
+        "the BPE trained here differs from the one goldens/tokenizers.json was made with: "
+        "rerun python tests/hf/test_tokenizers.py with transformers installed"
+    )
+    return golden
+
+
 def reference(case: str, directory: Path, ids: list[int]) -> dict:
     """Live transformers when installed, else the committed golden of ``case``."""
     if HAS_TRANSFORMERS:
         return hf_reference(directory, PROMPT, ids)
-    return json.loads(TOKENIZER_GOLDENS.read_text())[case]
+    return golden_of(case)
 
 
 def run_cli(main, argv, capsys) -> str:
@@ -90,7 +101,7 @@ def generated(case: str, root: Path, capsys) -> dict:
 def test_generating_from_text_equals_generating_from_hf_tokenizer_ids(case, tmp_path, capsys):
     got = generated(case, tmp_path, capsys)
     saved = load_assets(got["work"], 0)["tokenizer"]
-    golden = json.loads(TOKENIZER_GOLDENS.read_text())[case]
+    golden = golden_of(case)
     ids = reference(case, tmp_path / f"{case}_hf", [])["input_ids"]
     assert ids == golden["input_ids"]  # the live tokenizer agrees with the golden one
     prompt = " ".join(map(str, ids))
@@ -110,7 +121,7 @@ def test_generating_from_text_equals_generating_from_hf_tokenizer_ids(case, tmp_
 def test_generation_from_text_stops_at_the_eos(tmp_path, capsys):
     """With the model's EOS (generation_config.json) set to a token its greedy continuation
     reaches, the printed text ends before it."""
-    golden = json.loads(TOKENIZER_GOLDENS.read_text())["llama"]
+    golden = golden_of("llama")
     first = generated("llama", tmp_path / "a", capsys)
     ids = " ".join(map(str, golden["input_ids"]))
     out = run_cli(generate_main, [first["work"], "--ids", ids, "--max-new-tokens", NEW], capsys)
@@ -229,8 +240,16 @@ def write_goldens(root: Path) -> None:
             args = [str(work), "--ids", " ".join(map(str, ids)), "--max-new-tokens", str(NEW)]
             assert generate_main(args) == 0
         new = [int(t) for t in buffer.getvalue().split(" -> ")[1].split()]
+        text_ids = train_tokenizer(case).encode(TEXT).ids
         goldens[case] = {**hf_reference(directory, PROMPT, new), "generated": new}
-    TOKENIZER_GOLDENS.write_text(json.dumps(goldens, indent=1) + "\n")
+        goldens[case]["text_ids"] = text_ids
+    cases = [
+        f"  {json.dumps(case)}: {{\n"
+        + ",\n".join(f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items())
+        + "\n  }"
+        for case, fields in goldens.items()
+    ]
+    TOKENIZER_GOLDENS.write_text("{\n" + ",\n".join(cases) + "\n}\n")  # one field a line
 
 
 if __name__ == "__main__":
