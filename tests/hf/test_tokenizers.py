@@ -206,9 +206,14 @@ def test_without_a_tokenizer_import_hints_and_generate_input_says_what_to_do(tmp
 
 
 def test_special_ids_come_from_the_first_file_that_names_them(tmp_path):
+    from tfmjax import hf
     from tfmjax.hf import tokenizer as hf_tokenizer
 
     directory = model_dir("llama", tmp_path)
+    tok = hf.load_tokenizer(directory)
+    assert tok.encode(TEXT) == train_tokenizer("llama").encode(TEXT).ids
+    assert tok.encode(TEXT)[0] == tok.bos_id == 1  # the post-processor's BOS
+    assert tok.decode(tok.encode(TEXT)) == TEXT and hf.load_tokenizer(tmp_path) is None
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     (directory / "special_tokens_map.json").write_text(
         json.dumps({"bos_token": {"content": "<s>"}, "eos_token": "<unk>"})

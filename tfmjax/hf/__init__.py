@@ -1,5 +1,6 @@
 """Hugging Face checkpoints: ``load(directory) -> (ModelConfig, params)`` and
-``save(config, params, directory)`` for GPT-2, Llama, BERT, BART, Marian and T5.
+``save(config, params, directory)`` for GPT-2, Llama, BERT, BART, Marian and T5;
+``load_tokenizer(directory)``: the tokenizer saved beside them (None without one).
 
 Files: ``tensors`` (safetensors through NumPy), ``fields`` (reading ``config.json`` field by
 field, refusing what tfmjax cannot honour), ``mapping`` (exact, invertible tensor maps),
@@ -10,6 +11,7 @@ save), ``tokenizer`` (the ``tokenizer.json`` beside the weights, read and writte
 
 from tfmjax.hf.api import ARCHITECTURES, architecture_for, config_from_hf, load, read_config, save
 from tfmjax.hf.errors import HFError
+from tfmjax.hf.tokenizer import read as load_tokenizer
 
 __all__ = [
     "ARCHITECTURES",
@@ -17,6 +19,7 @@ __all__ = [
     "architecture_for",
     "config_from_hf",
     "load",
+    "load_tokenizer",
     "read_config",
     "save",
 ]
