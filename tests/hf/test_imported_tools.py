@@ -125,6 +125,8 @@ def test_interp_of_an_imported_model_refuses_what_needs_a_task(tmp_path, capsys)
     assert 'pass --input "some text"' in capsys.readouterr().err
     assert interp_main([str(work), "patch", "--input", "the cat", "--out", out]) == 2
     assert "interp patch needs a task" in capsys.readouterr().err
+    assert interp_main([str(work), "patterns", "--input", "the cat", "--example", "1"]) == 2
+    assert "--example 1 is not one of the 1 rows analysed" in capsys.readouterr().err
     assert interp_main([str(work), "heads", "--out", out]) == 0
     report = json.loads((tmp_path / "interp" / "interp.json").read_text())["heads"]
     assert np.asarray(report["decoder"]["induction"]).shape == (2, 4)

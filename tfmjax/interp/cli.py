@@ -177,6 +177,9 @@ def _out(args) -> Path:
 
 
 def _patterns(run, batch, args, out: Path) -> dict:
+    rows = len(next(iter(batch.values())))
+    if not 0 <= args.example < rows:
+        raise ValueError(f"--example {args.example} is not one of the {rows} rows analysed")
     row = {k: v[args.example : args.example + 1] for k, v in batch.items()}
     _, cache = run_with_cache(run.model, run.params, row, names=["*.hook_pattern"])
     sides = _side_labels(run, row)
