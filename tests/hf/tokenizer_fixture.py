@@ -2,11 +2,13 @@
 (``tokenizers``) trained here for each of the tiny random GPT-2, Llama and T5 goldens, in
 that architecture's special-token layout (GPT-2: ``<|endoftext|>`` last, BOS = EOS, no pad;
 Llama: ``<unk> <s> </s>`` at 0 1 2, BOS added; T5: ``<pad>`` 0, ``</s>`` 2 appended), saved
-as ``save_pretrained`` would leave it (``tokenizer.json``, ``tokenizer_config.json``).
+by transformers' ``save_pretrained`` when it is installed, else as it would leave it
+(``tokenizer.json``, ``tokenizer_config.json``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -76,7 +78,12 @@ def model_dir(case: str, root: Path, *, tokenizer: bool = True) -> Path:
     out.mkdir(parents=True)
     for name in ("config.json", "model.safetensors"):
         shutil.copy(GOLDENS / spec["model"] / name, out / name)
-    if tokenizer:
+    if tokenizer and importlib.util.find_spec("transformers") is not None:
+        from transformers import PreTrainedTokenizerFast  # its own save_pretrained, then
+
+        fast = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(case), **spec["config"])
+        fast.save_pretrained(str(out))
+    elif tokenizer:
         train_tokenizer(case).save(str(out / "tokenizer.json"))
         config = {"tokenizer_class": "PreTrainedTokenizerFast", **spec["config"]}
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
