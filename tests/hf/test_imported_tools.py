@@ -89,6 +89,27 @@ def test_eval_of_an_imported_model_without_text_says_what_to_pass(tmp_path, caps
     assert err.count("\n") == 1 and "no tokenizer.json beside the weights" in err
 
 
+def test_a_model_imported_before_the_assets_held_it_is_still_known_as_imported(tmp_path, capsys):
+    """An older import: no ``hf`` asset, only ``WORKDIR/hf_config.json``."""
+    from tfmjax import hf
+    from tfmjax.checkpoint import Checkpointer
+    from tfmjax.config import Experiment, TrainConfig
+
+    work = tmp_path / "old"
+    directory = FIXTURE.model_dir("gpt2", tmp_path)
+    cfg, params = hf.load(directory)
+    train = TrainConfig(workdir=str(work.absolute()))
+    work.mkdir()
+    (work / "hf_config.json").write_text((directory / "config.json").read_text())
+    with Checkpointer(work, keep=1) as ckpt:
+        ckpt.save(0, {"params": params}, config=Experiment(name="old", model=cfg, train=train))
+    assert EVAL.main([str(work)]) == 2
+    assert "pass --text FILE" in capsys.readouterr().err
+    (tmp_path / "t.txt").write_text("the cat")
+    assert EVAL.main([str(work), "--text", str(tmp_path / "t.txt")]) == 2
+    assert "import again" in capsys.readouterr().err
+
+
 def test_interp_patterns_and_dla_read_the_text_and_label_it_with_its_tokens(tmp_path, capsys):
     work = imported("gpt2", tmp_path)
     text = "the dog sat on the mat"

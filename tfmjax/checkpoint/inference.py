@@ -51,8 +51,12 @@ def load_assets(directory: str | Path, step: int) -> dict:
 
 
 def is_imported(experiment, assets: dict) -> bool:
-    """Whether a checkpoint is an imported Hugging Face model itself (not fine-tuned)."""
-    return "hf" in assets and not experiment.train.init_from
+    """Whether a checkpoint is an imported Hugging Face model itself (not fine-tuned): its
+    assets say so, or, imported before they did, its workdir holds ``hf_config.json``."""
+    if experiment.train.init_from:
+        return False
+    workdir = experiment.train.workdir
+    return "hf" in assets or bool(workdir) and (Path(workdir) / "hf_config.json").is_file()
 
 
 def carried_assets(directory: str | Path | None) -> dict:
