@@ -117,7 +117,7 @@ def evaluate_checkpoint(
 def _text_tokenizer(path, step: int, experiment, text):
     """The tokenizer to score ``text`` with (None: evaluate the task); ConfigError (one line)
     for an imported model without ``text``, or ``text`` where no tokenizer can read it."""
-    from tfmjax.checkpoint import NO_HF_TOKENIZER, hf_tokenizer_of, is_imported, load_assets
+    from tfmjax.checkpoint import hf_tokenizer_of, is_imported, load_assets
     from tfmjax.config import ConfigError
 
     assets = load_assets(path, step)
@@ -131,7 +131,10 @@ def _text_tokenizer(path, step: int, experiment, text):
         return None
     if tokenizer is None:
         if is_imported(experiment, assets):
-            raise ConfigError(f"--text needs the model's tokenizer; {NO_HF_TOKENIZER}")
+            raise ConfigError(
+                "--text needs the model's tokenizer, and there was no tokenizer.json beside the "
+                "weights at import: put it there (tokenizer.save_pretrained) and import again"
+            )
         raise ConfigError(
             f"--text scores an imported Hugging Face model; {path} was trained on task "
             f"{experiment.data.task!r}: evaluate it without --text"
