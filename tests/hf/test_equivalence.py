@@ -7,10 +7,12 @@ check that an export loads in ``transformers`` with the same logits.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -58,19 +60,23 @@ def tfmjax_logits(case: str, cfg, params, data: dict) -> np.ndarray:
     input (no shift), BERT gets its token types, encoder-decoders their decoder inputs."""
     ids = jnp.asarray(data["input_ids"], jnp.int32)
     model = build(cfg)
+
+    def apply(*args, method=None):  # jitted: one program, not op-by-op (same values)
+        return jax.jit(functools.partial(model.apply, method=method))(params, *args)
+
     if KINDS[case] == "masked":
         types = jnp.asarray(data["token_type_ids"], jnp.int32)
-        return np.asarray(model.apply(params, {"tokens": ids, "token_types": types}))
+        return np.asarray(apply({"tokens": ids, "token_types": types}))
     if KINDS[case] == "seq2seq":
-        encoded = model.apply(params, ids, method="encode")
+        encoded = apply(ids, method="encode")
         dec = jnp.asarray(data["decoder_input_ids"], jnp.int32)
         B, T = dec.shape
         positions = jnp.broadcast_to(jnp.arange(T), (B, T))
         args = (dec, positions, jnp.ones_like(dec), encoded, jnp.ones_like(ids))
-        return np.asarray(model.apply(params, *args, method="decode")[0])
+        return np.asarray(apply(*args, method="decode")[0])
     B, T = ids.shape
     positions = jnp.broadcast_to(jnp.arange(T), (B, T))
-    logits, _ = model.apply(params, ids, positions, jnp.ones_like(ids), method="forward")
+    logits, _ = apply(ids, positions, jnp.ones_like(ids), method="forward")
     return np.asarray(logits)
 
 
@@ -101,7 +107,7 @@ def test_shift_right_forward_equals_the_raw_forward(case):
         batch = {"tokens": dec[:, 1:]}
     assert (dec[:, 0] == cfg.bos_id).all()
     batch = {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}
-    logits = np.asarray(build(cfg).apply(params, batch))
+    logits = np.asarray(jax.jit(build(cfg).apply)(params, batch))
     np.testing.assert_allclose(logits, data["logits"][:, :-1], atol=TOL, rtol=0)
 
 

@@ -71,15 +71,17 @@ def test_unscaled_attention_equals_a_query_scaled_by_sqrt_h():
         lambda path, p: p * cfg.head_width**0.5 if "query" in jax.tree_util.keystr(path) else p,
         params,
     )
-    want = build(dataclasses.replace(cfg, scale_attention=True)).apply(scaled, batch)
-    np.testing.assert_allclose(model.apply(params, batch), want, atol=1e-5)
+    want = jax.jit(build(dataclasses.replace(cfg, scale_attention=True)).apply)(scaled, batch)
+    np.testing.assert_allclose(jax.jit(model.apply)(params, batch), want, atol=1e-5)
 
 
 def test_scaled_tied_output_scales_the_logits():
     cfg = preset("tiny-gpt2", scale_tied_output=True)
     model, params, batch = init(cfg)
-    plain = build(dataclasses.replace(cfg, scale_tied_output=False)).apply(params, batch)
-    np.testing.assert_allclose(model.apply(params, batch), plain * cfg.d_model**-0.5, atol=1e-6)
+    plain = jax.jit(build(dataclasses.replace(cfg, scale_tied_output=False)).apply)(params, batch)
+    np.testing.assert_allclose(
+        jax.jit(model.apply)(params, batch), plain * cfg.d_model**-0.5, atol=1e-6
+    )
 
 
 def test_position_offset_reads_the_table_from_that_row():
@@ -90,15 +92,17 @@ def test_position_offset_reads_the_table_from_that_row():
     plain = dataclasses.replace(cfg, position_offset=0)
     params0 = jax.tree.map(lambda x: x, params)
     params0["params"]["embed"]["pos_embed"]["pos_embedding"] = table[2:]
-    np.testing.assert_allclose(model.apply(params, batch), build(plain).apply(params0, batch))
+    np.testing.assert_allclose(
+        jax.jit(model.apply)(params, batch), jax.jit(build(plain).apply)(params0, batch)
+    )
 
 
 def test_bert_options_token_types_and_mlm_head():
     cfg = preset("tiny-bert", type_vocab_size=2, embed_norm=True, mlm_head=True, output_bias=True)
     model, params, batch = init(cfg)
     types = jnp.ones_like(batch["tokens"])
-    a = model.apply(params, batch)
-    b = model.apply(params, dict(batch, token_types=types))
+    a = jax.jit(model.apply)(params, batch)
+    b = jax.jit(model.apply)(params, dict(batch, token_types=types))
     assert a.shape == b.shape and not np.allclose(a, b)
     assert set(params["params"]["head"]) == {"mlm_dense", "mlm_norm", "output_bias"}
 

@@ -15,6 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -76,7 +77,7 @@ def test_causal_logits_with_token_zero_equal_the_goldens_through_the_padding_def
     cfg, params = hf.load(GOLDENS / case)
     data = expected(case)
     ids = data["input_ids"].astype(np.int32)
-    logits = np.asarray(build(cfg).apply(params, {"tokens": ids[:, 1:]}))
+    logits = np.asarray(jax.jit(build(cfg).apply)(params, {"tokens": ids[:, 1:]}))
     np.testing.assert_allclose(logits, data["logits"][:, :-1], atol=TOL, rtol=0)
 
 
@@ -166,7 +167,7 @@ def test_logits_and_greedy_equal_live_transformers(case):
         batch = {"inputs": ids, "targets": data["decoder_input_ids"][:, 1:].astype(np.int32)}
     else:
         batch = {"tokens": ids[:, 1:]}
-    got = np.asarray(model.apply(params, batch))
+    got = np.asarray(jax.jit(model.apply)(params, batch))
     np.testing.assert_allclose(got, want[:, :-1], atol=TOL, rtol=0)
     prompts, M = rows(case, data), mg.NEW_TOKENS
     lengths = [len(p) for p in prompts]

@@ -36,9 +36,12 @@ def _batch(family, tokens, inputs=None):
 
 
 def _init_apply(cfg, batch):
+    """The model's jitted apply (a compiled program runs these small models several times
+    faster than op-by-op dispatch; the values are the same), its params and its logits."""
     model = build(cfg)
     params = model.init(jax.random.key(0), batch)
-    return model, params, model.apply(params, batch)
+    apply = jax.jit(model.apply)
+    return apply, params, apply(params, batch)
 
 
 @pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
@@ -46,9 +49,9 @@ def _init_apply(cfg, batch):
 def test_future_tokens_never_change_earlier_logits(family, position):
     cfg = _cfg(family, position=position, norm_position="pre")
     tokens = _tokens((2, 8))
-    model, params, logits = _init_apply(cfg, _batch(family, tokens))
+    apply, params, logits = _init_apply(cfg, _batch(family, tokens))
     changed = tokens.at[:, 5:].set(_tokens((2, 3), seed=3))
-    new_logits = model.apply(params, _batch(family, changed))
+    new_logits = apply(params, _batch(family, changed))
     # logits[t] predicts token t from tokens < t: positions 0..5 see only tokens 0..4.
     np.testing.assert_allclose(new_logits[:, :6], logits[:, :6], rtol=1e-5, atol=1e-5)
     assert not np.allclose(new_logits[:, 6:], logits[:, 6:], atol=1e-3)
@@ -69,8 +72,8 @@ def test_padding_never_changes_real_outputs(family, position):
         }
     else:
         a_batch, b_batch = {"tokens": tokens}, {"tokens": padded}
-    model, params, logits = _init_apply(cfg, a_batch)
-    np.testing.assert_allclose(model.apply(params, b_batch)[:, :6], logits, rtol=1e-5, atol=1e-5)
+    apply, params, logits = _init_apply(cfg, a_batch)
+    np.testing.assert_allclose(apply(params, b_batch)[:, :6], logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["encoder_only", "encoder_decoder"])
@@ -81,24 +84,22 @@ def test_self_attention_without_positions_is_permutation_equivariant(family):
     tokens = _tokens((2, 7))
     perm = np.random.default_rng(0).permutation(7)
     if family == "encoder_only":
-        model, params, logits = _init_apply(cfg, {"tokens": tokens})
-        permuted = model.apply(params, {"tokens": tokens[:, perm]})
+        apply, params, logits = _init_apply(cfg, {"tokens": tokens})
+        permuted = apply(params, {"tokens": tokens[:, perm]})
         np.testing.assert_allclose(permuted, logits[:, perm], rtol=1e-5, atol=1e-5)
     else:  # the decoder's output never depends on the order of the encoder's inputs
         targets = _tokens((2, 4), 3)
-        model, params, logits = _init_apply(cfg, {"inputs": tokens, "targets": targets})
-        permuted = model.apply(params, {"inputs": tokens[:, perm], "targets": targets})
+        apply, params, logits = _init_apply(cfg, {"inputs": tokens, "targets": targets})
+        permuted = apply(params, {"inputs": tokens[:, perm], "targets": targets})
         np.testing.assert_allclose(permuted, logits, rtol=1e-5, atol=1e-5)
 
 
 def test_positions_break_permutation_equivariance():
     cfg = _cfg("encoder_only", position="sinusoidal")
     tokens = _tokens((1, 7))
-    model, params, logits = _init_apply(cfg, {"tokens": tokens})
+    apply, params, logits = _init_apply(cfg, {"tokens": tokens})
     perm = np.arange(7)[::-1]
-    assert not np.allclose(
-        model.apply(params, {"tokens": tokens[:, perm]}), logits[:, perm], atol=1e-3
-    )
+    assert not np.allclose(apply(params, {"tokens": tokens[:, perm]}), logits[:, perm], atol=1e-3)
 
 
 @pytest.mark.parametrize("family", list(FAMILY_PRESETS))
@@ -106,14 +107,16 @@ def test_positions_break_permutation_equivariance():
 def test_scanned_equals_unrolled(family, remat):
     cfg = _cfg(family, position="rope", remat=remat, num_layers=3)
     batch = _batch(family, _tokens((2, 6)))
-    scanned_model, params, logits = _init_apply(cfg, batch)
+    _, params, logits = _init_apply(cfg, batch)
     unrolled = build(dataclasses.replace(cfg, scan_layers=False))
     p = jax.tree.map(lambda x: x, params["params"])
     for stack in ("encoder", "decoder"):
         if stack in p:
             layers = cfg.num_layers
             p[stack] = unstack_params(p[stack], layers)
-    np.testing.assert_allclose(unrolled.apply({"params": p}, batch), logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        jax.jit(unrolled.apply)({"params": p}, batch), logits, rtol=1e-5, atol=1e-5
+    )
     # and the unrolled model's own init has exactly that layout
     own = jax.eval_shape(unrolled.init, jax.random.key(0), batch)["params"]
     assert jax.tree.structure(own) == jax.tree.structure(p)
@@ -125,17 +128,14 @@ def test_packed_segments_equal_separate_rows():
     a, b = _tokens((1, 4), 1), _tokens((1, 3), 2)
     model = build(cfg)
     params = model.init(jax.random.key(0), {"tokens": a})
+    apply = jax.jit(model.apply)
     packed = {
         "tokens": jnp.concatenate([a, b, jnp.zeros((1, 1), jnp.int32)], 1),
         "segment_ids": jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]]),
     }
-    logits = model.apply(params, packed)
-    np.testing.assert_allclose(
-        logits[:, :4], model.apply(params, {"tokens": a}), rtol=1e-5, atol=1e-5
-    )
-    np.testing.assert_allclose(
-        logits[:, 4:7], model.apply(params, {"tokens": b}), rtol=1e-5, atol=1e-5
-    )
+    logits = apply(params, packed)
+    np.testing.assert_allclose(logits[:, :4], apply(params, {"tokens": a}), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits[:, 4:7], apply(params, {"tokens": b}), rtol=1e-5, atol=1e-5)
 
 
 def test_tied_and_untied_heads():
@@ -156,13 +156,13 @@ def test_dropout_is_active_only_when_training():
     cfg = _cfg("decoder_only", dropout_rate=0.5)
     batch = {"tokens": _tokens((2, 6))}
     params = build(cfg).init(jax.random.key(0), batch)
-    train = build(cfg, deterministic=False)
-    a = train.apply(params, batch, rngs={"dropout": jax.random.key(1)})
-    b = train.apply(params, batch, rngs={"dropout": jax.random.key(2)})
+    train = jax.jit(build(cfg, deterministic=False).apply)
+    a = train(params, batch, rngs={"dropout": jax.random.key(1)})
+    b = train(params, batch, rngs={"dropout": jax.random.key(2)})
     assert not np.allclose(a, b, atol=1e-3)
-    evaluate = build(cfg)
-    c = evaluate.apply(params, batch, rngs={"dropout": jax.random.key(1)})
-    d = evaluate.apply(params, batch, rngs={"dropout": jax.random.key(2)})
+    evaluate = jax.jit(build(cfg).apply)
+    c = evaluate(params, batch, rngs={"dropout": jax.random.key(1)})
+    d = evaluate(params, batch, rngs={"dropout": jax.random.key(2)})
     np.testing.assert_array_equal(c, d)
     no_dropout = build(dataclasses.replace(cfg, dropout_rate=0.0), deterministic=False)
     np.testing.assert_allclose(

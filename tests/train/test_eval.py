@@ -29,14 +29,16 @@ def _teacher_forced_argmax(model, params, batch, family, predictions):
     """Feed the greedy answers back as targets; the argmax must reproduce them."""
     if family == "encoder_decoder":
         forced = {"inputs": batch["inputs"], "targets": predictions}
-        return np.asarray(jnp.argmax(model.apply(params, forced), -1))
+        return np.asarray(jnp.argmax(jax.jit(model.apply)(params, forced), -1))
     tokens = np.array(batch["tokens"])
     W = tokens.shape[1]
     for i, p in enumerate(batch["prompt_len"]):
         n = min(predictions.shape[1], W - p)
         tokens[i, p : p + n] = predictions[i, :n]
         tokens[i, p + n :] = PAD_ID
-    logits = np.asarray(jnp.argmax(model.apply(params, {"tokens": jnp.asarray(tokens)}), -1))
+    logits = np.asarray(
+        jnp.argmax(jax.jit(model.apply)(params, {"tokens": jnp.asarray(tokens)}), -1)
+    )
     idx = np.minimum(batch["prompt_len"][:, None] + np.arange(predictions.shape[1]), W - 1)
     return np.take_along_axis(logits, idx, axis=1)
 
@@ -140,7 +142,7 @@ def test_report_from_checkpoint_has_every_field(trained):
     )
     nll = correct = tokens = 0.0
     for batch, rows in zip(evaluator.batches, (4, 4, 2), strict=True):
-        logits = np.asarray(evaluator.model.apply(params, batch), np.float64)[:rows]
+        logits = np.asarray(jax.jit(evaluator.model.apply)(params, batch), np.float64)[:rows]
         targets, mask = batch["tokens"][:rows], batch["loss_mask"][:rows]  # decoder-only
         z = logits - logits.max(-1, keepdims=True)
         logp = z - np.log(np.exp(z).sum(-1, keepdims=True))

@@ -96,7 +96,7 @@ def test_loss_falls_on_a_fixed_batch(ed, family):
     state = fresh(state)
     targets, mask = _scored(batch)
     dropout_key = jax.random.fold_in(state.root_key, 0)  # step 0's key: fold_in(root, step)
-    logits = build(cfg, deterministic=False).apply(
+    logits = jax.jit(build(cfg, deterministic=False).apply)(
         state.params, batch, rngs={"dropout": dropout_key}
     )
     expected_first = _nll(logits, targets, mask)
@@ -216,7 +216,7 @@ def test_bfloat16_compute_keeps_float32_params():
     """dtype=bfloat16 computes in bf16 (the loss differs from float32 compute on the same
     float32 params, within bf16 rounding) and keeps the params and their update in float32."""
     state, step, batch = setup(tiny(dtype="bfloat16"))  # no dropout
-    loss32 = _nll(build(tiny()).apply(state.params, batch), *_scored(batch))
+    loss32 = _nll(jax.jit(build(tiny()).apply)(state.params, batch), *_scored(batch))
     state, metrics = step(state, batch)
     loss = float(metrics["loss"])
     assert loss != pytest.approx(loss32, rel=1e-5)  # bf16 compute: not the float32 NLL ...
@@ -249,7 +249,7 @@ def test_sgd_step_follows_the_mean_token_gradient(family, one_token):
         picked = jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), -1)[..., 0]
         return -(picked * mask).sum() / mask.sum()
 
-    grads = jax.grad(mean_nll)(state.params)
+    grads = jax.jit(jax.grad(mean_nll))(state.params)
     want = jax.tree.map(lambda p, g: p - lr * g, state.params, grads)
     step = jit_train_step(make_train_step(build(cfg, deterministic=False), optax.sgd(lr), schedule))
     new, metrics = step(fresh(state), batch)
@@ -261,7 +261,7 @@ def test_sgd_step_follows_the_mean_token_gradient(family, one_token):
     assert logged["grad_norm"] == pytest.approx(float(metrics["grad_norm"]), rel=1e-6)
     assert logged["loss"] == pytest.approx(float(mean_nll(state.params)), rel=1e-5)
     # Accuracy and exact match of the step, from the same logits.
-    predicted = np.asarray(model.apply(state.params, batch)).argmax(-1)
+    predicted = np.asarray(jax.jit(model.apply)(state.params, batch)).argmax(-1)
     right = (predicted == np.asarray(targets)) | (np.asarray(mask) == 0)
     scored = np.asarray(mask).sum(-1) > 0
     accuracy = ((predicted == np.asarray(targets)) * np.asarray(mask)).sum() / np.asarray(
