@@ -1,7 +1,7 @@
 """Train every attention system on the same tasks and tabulate them against softmax attention.
 
     python experiments/attention_systems.py            # run what is missing, print the table
-    python experiments/attention_systems.py --readme   # ... and rewrite the README's table
+    python experiments/attention_systems.py --table   # ... and rewrite its table in docs/studies.md
     python experiments/attention_systems.py --only reverse --variants softmax,mla
 
 Each run is ``train.py CONFIG OVERRIDES`` in a subprocess (wall time from start to exit,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, is_current, save, train, write_readme_block  # noqa: E402
+from sweep import ROOT, is_current, save, train, write_table  # noqa: E402
 from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "attention"
@@ -135,8 +135,8 @@ def main(argv=None) -> int:
         print(f"  {record['wall_sec']:.0f} s, step {record['step']}", flush=True)
     text = table(tasks, variants)
     print(text)
-    if args.readme:
-        write_readme_block(BEGIN, END, table(list(TASKS), list(VARIANTS)))
+    if args.table:
+        write_table(BEGIN, END, table(list(TASKS), list(VARIANTS)))
     return 0
 
 

@@ -1,6 +1,6 @@
-"""The README's interpretability demos, end to end: train the two runs if they are missing,
+"""The interpretability demos of docs/studies.md, end to end: train the two runs if missing,
 take them apart with ``python -m tfmjax.interp``, copy the figures to ``docs/`` and print
-the numbers the README quotes.
+the numbers that page quotes.
 
     python experiments/interp_demo.py            # about 6 minutes on a 2-core CPU
 

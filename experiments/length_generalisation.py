@@ -2,7 +2,7 @@
 addition, evaluated at 1x, 1.5x and 2x the longest training length, both families.
 
     python experiments/length_generalisation.py           # run what is missing, print the table
-    python experiments/length_generalisation.py --readme  # ... rewrite the README table + PNG
+    python experiments/length_generalisation.py --table  # ... and rewrite docs/studies.md + PNG
     python experiments/length_generalisation.py --only copy --encodings rope,alibi --seeds 0
 
 Training lengths: copy and reverse 1-8 symbols (tested at 8, 12, 16), addition operands of
@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, config_hash, save, train, write_readme_block  # noqa: E402
+from sweep import ROOT, config_hash, save, train, write_table  # noqa: E402
 from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "length"
@@ -257,10 +257,10 @@ def main(argv=None) -> int:
         em = " ".join(f"{p['exact_match']:.2f}" for p in record["scores"])
         print(f"  exact-match {em}; {record['train']['wall_sec']:.0f} s", flush=True)
     print(table(tasks, families, encodings, seeds))
-    if args.readme or args.figure:
+    if args.table or args.figure:
         figure(tasks, families, encodings, seeds, Path(args.figure) if args.figure else FIGURE)
-    if args.readme:
-        write_readme_block(BEGIN, END, table(list(TASKS), list(FAMILIES), ENCODINGS, SEEDS))
+    if args.table:
+        write_table(BEGIN, END, table(list(TASKS), list(FAMILIES), ENCODINGS, SEEDS))
     return 0
 
 

@@ -1,6 +1,6 @@
 """What the experiment sweeps share: train one config in a subprocess, store its result as a
 small JSON file keyed by a hash of the full config, rerun only what is missing or stale, and
-rewrite a README block between markers.
+rewrite a table of ``docs/studies.md`` between markers.
 
 A result records the last eval's metrics, the eval curve, the wall time (Python start-up,
 compilation, training, evals and checkpoints: ``train.py`` from start to exit) and the load
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from tfmjax.config import load  # noqa: E402
 from tfmjax.models.summary import count_params  # noqa: E402
 
-README = ROOT / "README.md"
+STUDIES = ROOT / "docs" / "studies.md"
 METRICS = ("exact_match", "token_accuracy", "loss", "bits_per_char")
 
 
@@ -88,21 +88,23 @@ def save(path: Path, record: dict) -> None:
     path.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def write_readme_block(begin: str, end: str, text: str, readme: Path = README) -> None:
-    """Replace what lies between the markers ``begin`` and ``end`` in the README."""
-    content = readme.read_text()
+def write_table(begin: str, end: str, text: str, page: Path = STUDIES) -> None:
+    """Replace what lies between the markers ``begin`` and ``end`` in ``page``."""
+    content = page.read_text()
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     if not pattern.search(content):
-        raise SystemExit(f"{readme.name} has no {begin} ... {end} block to rewrite")
-    readme.write_text(pattern.sub(lambda _: f"{begin}\n{text}\n{end}", content))
+        raise SystemExit(f"{page.name} has no {begin} ... {end} block to rewrite")
+    page.write_text(pattern.sub(lambda _: f"{begin}\n{text}\n{end}", content))
 
 
 def parser(doc: str, names) -> argparse.ArgumentParser:
-    """The options every sweep takes: ``--only NAME`` (repeatable), ``--readme``, and for
+    """The options every sweep takes: ``--only NAME`` (repeatable), ``--table``, and for
     tests ``--extra`` (an override for every run) and ``--results`` (where results go)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--only", choices=list(names), action="append", help="one of (repeatable)")
-    p.add_argument("--readme", action="store_true", help="rewrite the README table")
+    p.add_argument(
+        "--table", action="store_true", help="rewrite the study's table in docs/studies.md"
+    )
     p.add_argument(
         "--extra", action="append", default=[], help="override for every run (tests only)"
     )

@@ -1,7 +1,7 @@
 """Every toy task x family with three seeds: exact-match and wall time as mean and range.
 
     python experiments/tasks.py                  # run what is missing, print the table
-    python experiments/tasks.py --readme         # ... and rewrite the README's table
+    python experiments/tasks.py --table         # ... and rewrite its table in docs/studies.md
     python experiments/tasks.py --only copy --only copy_decoder --seeds 0
     python experiments/tasks.py --budget 1800    # stop starting runs after 30 minutes
 
@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, is_current, save, train, write_readme_block  # noqa: E402
+from sweep import ROOT, is_current, save, train, write_table  # noqa: E402
 from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "tasks"
@@ -118,8 +118,8 @@ def main(argv=None) -> int:
         save(result_path(config, seed), {"name": config, "seed": seed, **record})
         print(f"  exact-match {record.get('exact_match', 0):.3f}, {record['wall_sec']:.0f} s")
     print(table(configs, seeds))
-    if args.readme:
-        write_readme_block(BEGIN, END, table(CONFIGS, SEEDS))
+    if args.table:
+        write_table(BEGIN, END, table(CONFIGS, SEEDS))
     return 0
 
 

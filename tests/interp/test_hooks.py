@@ -76,7 +76,7 @@ def test_cache_is_the_models_own_computation(rows, tiny, family, overrides):
     assert model.config.scan_layers
     batch = rows(model)
     logits, cache = run_with_cache(model, params, batch)
-    np.testing.assert_allclose(logits, model.apply(params, batch), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, jax.jit(model.apply)(params, batch), rtol=1e-5, atol=1e-5)
     cfg = model.config
     for stack, layers in model.layer_stacks().items():
         for l in range(layers):
@@ -130,7 +130,7 @@ def test_pattern_is_formed_whatever_the_kernel(rows, tiny, impl):
     model, params = tiny("decoder_only", attention_impl=impl, window=3)
     batch = rows(model)
     logits, cache = run_with_cache(model, params, batch, names=["*.hook_pattern"])
-    np.testing.assert_allclose(logits, model.apply(params, batch), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, jax.jit(model.apply)(params, batch), rtol=1e-5, atol=1e-5)
     pattern = cache["blocks.0.attn.hook_pattern"]
     t, s = np.indices(pattern.shape[-2:])
     outside = ((s > t) | (t - s > 3))[None, None]

@@ -34,7 +34,7 @@ def test_sweep_cells_are_single_patches_and_it_compiles_once(rows, tiny, family)
         np.testing.assert_allclose(grid[l, t, n], metric(logits, corrupt), rtol=1e-4, atol=1e-4)
     # Patching the target's own activations changes nothing; new values do not recompile.
     _, own = run_with_cache(model, params, corrupt)
-    unpatched = metric(model.apply(params, corrupt), corrupt)
+    unpatched = metric(jax.jit(model.apply)(params, corrupt), corrupt)
     np.testing.assert_allclose(sweep(params, corrupt, own), unpatched, rtol=1e-4, atol=1e-4)
     assert sweep.compilations == 1
 
@@ -46,7 +46,7 @@ def test_per_layer_and_position_grids(rows, tiny):
     metric = logit_difference(5, 6, position=6)
     # Patching the whole residual stream before layer 0 turns the corrupt run into the clean.
     by_layer = PatchSweep(model, "hook_resid_pre", metric, per="layer")(params, corrupt, source)
-    clean_value = metric(model.apply(params, clean), clean)
+    clean_value = metric(jax.jit(model.apply)(params, clean), clean)
     np.testing.assert_allclose(by_layer[0], clean_value, rtol=1e-4, atol=1e-4)
     by_position = PatchSweep(model, "hook_resid_pre", metric, per="position")(
         params, corrupt, source
