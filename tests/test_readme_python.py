@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -83,43 +81,3 @@ def test_readme_python_cells_run_and_agree_with_the_command_lines(tmp_path, monk
     (row,) = ns["ids"]  # beam search: ids in the vocabulary, EOS last if it came
     assert all(isinstance(i, int) and 0 <= i < m.config.model.vocab_size for i in row)
     assert ns["answer"] == tfmjax.generate_text(m, ["c a b"])[0]
-
-
-def test_experiment_overrides_as_a_dict_or_strings(tmp_path):
-    config = ROOT / "configs" / "reverse.toml"
-    as_strings = tfmjax.experiment(
-        config, ["train.steps=40", "optim.schedule='linear'", "data.task_params.max_len=6"]
-    )
-    as_dict = tfmjax.experiment(
-        config,
-        {"train.steps": 40, "optim.schedule": "linear", "data.task_params": {"max_len": 6}},
-    )
-    assert as_dict == as_strings and as_dict.name == "reverse"
-    assert (as_dict.train.steps, as_dict.optim.schedule) == (40, "linear")
-    assert as_dict.data.task_params["max_len"] == 6
-
-    raw = {"model": {"preset": "tiny-gpt2", "d_model": 32}, "data": {"task": "sort"}}
-    from_dict = tfmjax.experiment(raw, {"model.num_layers": 1}, name="mine")
-    assert (from_dict.workdir, from_dict.model.d_model, from_dict.model.num_layers) == (
-        "runs/mine",
-        32,
-        1,
-    )
-    # as on the command line: a preset override drops the dict's other [model] keys
-    preset = tfmjax.experiment(raw, {"model.preset": "tiny-llama"})
-    assert preset.model == tfmjax.experiment({"model": {"preset": "tiny-llama"}}).model
-    with pytest.raises(ValueError, match="must be a dict or a list"):
-        tfmjax.experiment(config, "train.steps=40")
-
-
-def test_import_tfmjax_is_light_and_hands_on_the_api():
-    code = (
-        "import sys, tfmjax; light = 'jax' not in sys.modules; "
-        "import tfmjax.api as api; print(light, tfmjax.fit is api.fit, tfmjax.load is api.load)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.split() == ["True", "True", "True"]
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        tfmjax.nope  # noqa: B018

@@ -85,28 +85,37 @@ class Loaded:
     model: Any  # the built flax module, dropout off
     params: Any  # model.apply's variables: {"params": ...}
     config: Experiment  # the experiment the checkpoint was trained with
-    tokenizer: Any  # a toy task's Vocab or a corpus's tokenizer: .encode(text) -> ids
+    tokenizer: Any  # a toy task's Vocab, a corpus's tokenizer (.encode(text) -> ids); None
+    # for an imported Hugging Face model (``python -m tfmjax.hf import``): ids only
     step: int  # the step actually loaded (an older one when the newest is corrupt)
     path: str  # what was loaded: a workdir, its checkpoints dir or one step dir
-    source: Any  # the task or corpus (tfmjax.data.sources), for evaluation
+    source: Any  # the task or corpus (tfmjax.data.sources), for evaluation; None if imported
 
 
 def load(workdir: str | Path) -> Loaded:
     """The newest good checkpoint under ``workdir`` (or one step dir), on one device: the
     params verified by their hash, the config and tokenizer saved with them."""
-    from tfmjax.checkpoint import open_checkpoint_source
+    from tfmjax.checkpoint import open_checkpoint_source, workdir_of
     from tfmjax.generate import load as load_checkpoint
+    from tfmjax.hf.cli import HF_CONFIG
     from tfmjax.models import build
 
     exp, params, step = load_checkpoint(str(workdir))
-    source = open_checkpoint_source(workdir, step, exp.data)
-    tokenizer = source.task.vocab if hasattr(source, "task") else source.tokenizer
+    source = tokenizer = None
+    if not (workdir_of(workdir) / HF_CONFIG).is_file():  # imported: trained on no task here
+        source = open_checkpoint_source(workdir, step, exp.data)
+        tokenizer = source.task.vocab if hasattr(source, "task") else source.tokenizer
     model = build(exp.model, deterministic=True)
     return Loaded(model, params, exp, tokenizer, step, str(workdir), source)
 
 
-def _loaded(m) -> Loaded:
-    return m if isinstance(m, Loaded) else load(m)
+def _loaded(m, needs_task: str = "") -> Loaded:
+    m = m if isinstance(m, Loaded) else load(m)
+    if needs_task and m.source is None:
+        raise ValueError(
+            f"{m.path} holds an imported model, trained on no task or text here: {needs_task}"
+        )
+    return m
 
 
 def generate_text(m, text: str | Sequence[str], strategy=None, *, max_new_tokens=None, seed=0):
@@ -123,7 +132,7 @@ def generate_text(m, text: str | Sequence[str], strategy=None, *, max_new_tokens
     from tfmjax.decode import Greedy, TopK
     from tfmjax.generate import continue_text, generate_from_text
 
-    m = _loaded(m)
+    m = _loaded(m, "give it token ids, tfmjax.generate_ids(m, [[...]])")
     texts = [text] if isinstance(text, str) else list(text)
     exp = m.config
     if hasattr(m.source, "task"):
@@ -169,7 +178,7 @@ def evaluate(m, *, split="eval", num_examples=None, strategy=None, seed=0, rows=
     ``data.eval_examples``; ``strategy`` decodes the answers (default greedy)."""
     from tfmjax.evaluation.text_evaluator import make_evaluator
 
-    m = _loaded(m)
+    m = _loaded(m, "fine-tune it on a task first (its workdir's finetune.toml)")
     data = m.config.data
     evaluator = make_evaluator(
         m.config.model,
