@@ -71,3 +71,29 @@ def test_an_imported_model_continues_ids_as_transformers_does(tmp_path):
         with pytest.raises(ValueError, match="holds an imported model") as err:
             call()
         assert "\n" not in str(err.value)
+
+
+def test_a_language_model_continues_text_as_the_generate_cli_does(tmp_path, capsys):
+    """configs/shakespeare_char.toml made tiny and trained 2 steps: ``generate_text`` samples
+    the continuation ``python -m tfmjax.generate WORKDIR --input TEXT`` prints (the task's
+    top-k sampling, seed 0), and ``evaluate`` reports bits per character."""
+    from tfmjax.generate import main as generate_main
+
+    exp = tfmjax.experiment(
+        ROOT / "configs" / "shakespeare_char.toml",
+        {"model": {"d_model": 32, "num_layers": 1, "d_ff": 64},
+         "optim.warmup_steps": 1, "data.eval_examples": 12,
+         "data.task_params": {"sample_tokens": 12, "samples": 1},
+         "train": {"steps": 2, "eval_every": 2, "checkpoint_every": 2, "log_every": 1,
+                   "workdir": str(tmp_path / "lm")}},
+    )  # fmt: skip
+    assert tfmjax.fit(exp, progress=False)["step"] == 2
+    m = tfmjax.load(tmp_path / "lm")
+    assert m.tokenizer.encode("ROMEO:") and m.source is not None
+    texts = tfmjax.generate_text(m, ["ROMEO:", "JULIET:"])
+    capsys.readouterr()
+    assert generate_main([str(tmp_path / "lm"), "--input", "ROMEO:", "--input", "JULIET:"]) == 0
+    assert capsys.readouterr().out == "".join(text + "\n" for text in texts)
+    assert all(t.startswith(p) for t, p in zip(texts, ("ROMEO:", "JULIET:"), strict=True))
+    report = tfmjax.evaluate(m)
+    assert report["step"] == 2 and report["bits_per_char"] > 0
