@@ -90,14 +90,14 @@ def test_a_second_ctrl_c_tidies_and_names_the_saved_step(tmp_path):
     (workdir / "checkpoints").mkdir(parents=True)
     (workdir / "metrics.jsonl").touch()
     (workdir / LOCK_FILE).write_text("{}")
-    with StopSignals() as stop, loop._exit_now_tidies(created, workdir / LOCK_FILE):
+    with StopSignals() as stop, loop._tidied_on_failure(created, workdir / LOCK_FILE):
         assert stop.on_exit_now() == "nothing was saved"
     assert stop.on_exit_now is None and not workdir.exists()
 
     (workdir / "checkpoints" / "4").mkdir(parents=True)
     (workdir / "checkpoints" / "6.orbax-checkpoint-tmp").mkdir()  # a save cut short
     (workdir / "metrics.jsonl").touch()
-    with StopSignals() as stop, loop._exit_now_tidies(created, workdir / LOCK_FILE):
+    with StopSignals() as stop, loop._tidied_on_failure(created, workdir / LOCK_FILE):
         assert stop.on_exit_now() == "the last saved checkpoint (step 4) is intact"
     assert tree(workdir) == ["checkpoints", "checkpoints/4", "checkpoints/6.orbax-checkpoint-tmp"]
 
@@ -127,3 +127,21 @@ def test_train_py_two_ctrl_c_while_compiling_say_nothing_was_saved(tmp_path):
     assert proc.returncode == 130, err
     assert err.strip() == "second Ctrl-C: exiting now; nothing was saved"
     assert not workdir.exists()
+
+
+def test_a_run_refused_by_the_lock_touches_nothing_of_the_run_that_holds_it(tmp_path, monkeypatch):
+    """Only the lock's holder tidies: a run refused by the lock leaves the parts another run
+    made after this one looked (empty ones too: that run is just starting) where they are."""
+    from tfmjax.checkpoint import lock as lock_module
+
+    workdir = tmp_path / "run"
+
+    def taken_meanwhile(self):
+        (workdir / "checkpoints").mkdir(parents=True)
+        (workdir / "metrics.jsonl").touch()
+        raise lock_module.WorkdirLocked(f"{workdir} is in use by another training run")
+
+    monkeypatch.setattr(lock_module.WorkdirLock, "take", taken_meanwhile)
+    with pytest.raises(lock_module.WorkdirLocked):
+        loop.train(experiment(workdir), progress=False, plot=False, stream=io.StringIO())
+    assert tree(workdir) == ["checkpoints", "metrics.jsonl"]

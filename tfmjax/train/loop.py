@@ -292,10 +292,12 @@ def train(
     workdir = Path(experiment.workdir)
     created = Created(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    owned = False  # this process holds the workdir's lock: what it made is its own
     try:
         with contextlib.ExitStack() as held:
             if is_main():  # one run per workdir; the processes of one run share it
                 lock = held.enter_context(WorkdirLock(workdir))
+                owned = True
                 if lock.unsupported:
                     print(f"{lock.unsupported}: training without the one-run lock", file=stream)
                 if lock.taken_over:
@@ -303,32 +305,37 @@ def train(
                         f"took over the training lock of {lock.taken_over}, which no longer runs",
                         file=stream,
                     )
-                held.enter_context(_exit_now_tidies(created, lock.path))
+                held.enter_context(_tidied_on_failure(created, lock.path))
             return _train_locked(run, workdir, stream, progress, on_step, plot, override_config)
     except BaseException:
-        if is_main():  # stopped or failed before saving: what it created goes again
-            created.tidy()
+        if owned:  # the lock is released now: an empty workdir this run made goes too
+            created.tidy_workdir()
         raise
 
 
 @contextlib.contextmanager
-def _exit_now_tidies(created: Created, lock_file: Path):
-    """While the lock is held: a second Ctrl-C (``train.py`` exits at once) removes the lock
-    file and what this run created and saved nothing in, and its line says what is saved."""
+def _tidied_on_failure(created: Created, lock_file: Path):
+    """While the lock is held: a run that fails or stops before saving removes the empty
+    parts it made (``metrics.jsonl``, ``checkpoints/``). A second Ctrl-C (``train.py``
+    exits at once) removes them and the lock file, and its line says what is saved."""
     stop = StopSignals.active()
-    if stop is None:  # a library call: a second Ctrl-C raises, and train() tidies
-        yield
-        return
 
     def on_exit_now() -> str:
-        created.tidy(lock_file)
+        created.tidy_parts()
+        lock_file.unlink(missing_ok=True)  # ours: the kernel drops the flock at exit
+        created.tidy_workdir()
         return created.saved_line()
 
-    stop.on_exit_now = on_exit_now
+    if stop is not None:  # a library call has none: a second Ctrl-C raises, as any error
+        stop.on_exit_now = on_exit_now
     try:
         yield
+    except BaseException:
+        created.tidy_parts()
+        raise
     finally:
-        stop.on_exit_now = None
+        if stop is not None:
+            stop.on_exit_now = None
 
 
 def _train_locked(run, workdir, stream, progress, on_step, plot, override_config) -> dict:
