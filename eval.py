@@ -5,8 +5,10 @@ Answers are decoded with the KV-cached ``tfmjax.decode.generate``: ``--decode gr
 ``--top-k`` or ``--top-p``; ``--seed``). The config is read from the checkpoint. Prints a
 table and writes ``eval/step_N.json`` into the workdir (and ``eval.json``, the report of the
 newest step evaluated). Exit 2 (one line on stderr) for a missing or
-incompatible checkpoint. Ctrl-C / SIGTERM: one line, exit 130 / 143 (no report is ever
-half-written).
+incompatible checkpoint. An imported Hugging Face language model has no task to score:
+``--text FILE`` gives its perplexity (and bits per character) on a text file, encoded with
+its own tokenizer (report ``eval/step_N_text.json``). Ctrl-C / SIGTERM: one line, exit
+130 / 143 (no report is ever half-written).
 Mesh: the params are restored directly onto a device mesh, each device reading only its
 own shards, and evaluated there as the training loop does; by default the checkpoint's own
 mesh fitted to the devices present (``data=2 x fsdp=2 x tensor=2`` on one device runs on
@@ -91,6 +93,13 @@ def _main(argv, interrupts: _Interrupts) -> int:
     )
     parser.add_argument("--split", default="eval", choices=("eval", "length"))
     parser.add_argument(
+        "--text",
+        default=None,
+        metavar="FILE",
+        help="an imported language model (python -m tfmjax.hf import): its perplexity on "
+        "this UTF-8 text file, encoded with the model's own tokenizer",
+    )
+    parser.add_argument(
         "--num-examples", type=int, default=None, help="default: data.eval_examples"
     )
     parser.add_argument("--batch-size", type=int, default=None, help="default: data.batch_size")
@@ -132,6 +141,7 @@ def _evaluate(args, interrupts: _Interrupts) -> int:
             decode_seed=args.seed,
             mesh=args.overrides,
             say=lambda line: is_main() and print(line, file=sys.stderr, flush=True),
+            text=args.text,
         )
     except (CheckpointError, ConfigError, ValueError) as err:
         return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost

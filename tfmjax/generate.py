@@ -5,6 +5,10 @@ the params; the task's vocabulary turns text into ids and back. ``--input`` may 
 (one batch). ``--decode greedy|beam|sample`` with ``--beam-size``, ``--temperature``,
 ``--top-k``, ``--top-p`` (:mod:`tfmjax.decode.options`); default greedy.
 
+An imported Hugging Face model (``python -m tfmjax.hf import``) encodes ``--input`` with
+its own tokenizer, saved in its checkpoint at import, continues it up to its EOS (or
+``--max-new-tokens``, default 16) and prints text; ``--ids`` gives it token ids instead.
+
 A language model of a text task (``data.task = "shakespeare"``) continues plain text with
 the tokenizer saved in its checkpoint, e.g. ``--input "ROMEO:"``; its default decoding is
 the task's sampling (top-k and temperature of ``data.task_params``), and it prints as many
@@ -111,7 +115,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     given.add_argument(
         "--input",
         action="append",
-        help='space-separated task symbols, e.g. "c a b" (repeatable)',
+        help='space-separated task symbols, e.g. "c a b"; plain text for a text task or an '
+        "imported model with its tokenizer (repeatable)",
     )
     given.add_argument(
         "--ids",
@@ -206,7 +211,13 @@ def load_on_mesh(workdir: str, mesh: Sequence[str] = ()):
 
 
 def _run(args) -> int:
-    from tfmjax.checkpoint import CheckpointError
+    from tfmjax.checkpoint import (
+        NO_HF_TOKENIZER,
+        CheckpointError,
+        hf_tokenizer_of,
+        is_imported,
+        load_assets,
+    )
     from tfmjax.data import make_task
     from tfmjax.data.sources import is_text
     from tfmjax.decode.options import strategy_from_args
@@ -221,6 +232,12 @@ def _run(args) -> int:
             if is_text(experiment.data.task):
                 strategy = strategy if args.explicit_decode else None
                 return _generate_text(experiment, params, step, args, strategy)
+            assets = load_assets(args.workdir, step)
+            tokenizer = hf_tokenizer_of(experiment, assets)
+            if tokenizer is not None:
+                return _generate_hf_text(experiment.model, params, tokenizer, args, strategy)
+            if is_imported(experiment, assets):
+                raise ValueError(NO_HF_TOKENIZER)
             task = make_task(experiment.data.task, **experiment.data.task_params)
             max_new = args.max_new_tokens or task.max_target_len("eval") + 1
             inputs = [task.canonical_input(text) for text in args.input]
@@ -301,6 +318,29 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
         if (eos is not None and eos in row) or not row:
             break
     return new
+
+
+def _generate_hf_text(model_config: ModelConfig, params, tokenizer, args, strategy) -> int:
+    """``--input`` of an imported model: each text encoded with the model's own tokenizer
+    (with the special tokens it adds, as ``AutoTokenizer(text)``), continued as ``--ids``
+    would be, and printed as ``text -> continuation`` (special tokens left out)."""
+    from tfmjax.decode import generate
+    from tfmjax.models import build
+    from tfmjax.parallel.processes import to_host
+
+    prompts = [tokenizer.encode(text) for text in args.input]
+    if not all(prompts):
+        raise ValueError('--input is empty: give the text to continue, e.g. "Hello"')
+    out = generate(
+        build(model_config), params, prompts, strategy, args.max_new_tokens or 16, rng=args.seed
+    )
+    rows, lengths = to_host((out.tokens, out.lengths))
+    for text, row, n in zip(args.input, rows.tolist(), lengths.tolist(), strict=True):
+        new = row[:n]
+        if new and new[-1] == model_config.eos_id:  # the EOS it stopped at is not text
+            new = new[:-1]
+        _say(f"{text} -> {tokenizer.decode(new)}")
+    return 0
 
 
 def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:

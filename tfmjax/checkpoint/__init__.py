@@ -52,6 +52,10 @@ every process saves and restores at the same point).
 from tfmjax.checkpoint.errors import CheckpointError
 from tfmjax.checkpoint.hashing import params_hash
 from tfmjax.checkpoint.inference import (
+    NO_HF_TOKENIZER,
+    carried_assets,
+    hf_tokenizer_of,
+    is_imported,
     load_assets,
     load_config,
     load_for_inference,
@@ -62,8 +66,12 @@ from tfmjax.checkpoint.inference import (
 from tfmjax.checkpoint.manager import Checkpointer
 
 __all__ = [
+    "NO_HF_TOKENIZER",
     "CheckpointError",
     "Checkpointer",
+    "carried_assets",
+    "hf_tokenizer_of",
+    "is_imported",
     "load_assets",
     "load_config",
     "load_for_inference",

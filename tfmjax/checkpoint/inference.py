@@ -50,6 +50,51 @@ def load_assets(directory: str | Path, step: int) -> dict:
     return metadata.get("assets") or {}
 
 
+def is_imported(experiment, assets: dict) -> bool:
+    """Whether a checkpoint is an imported Hugging Face model itself (not fine-tuned): its
+    assets say so, or, imported before they did, its workdir holds ``hf_config.json``."""
+    if experiment.train.init_from:
+        return False
+    workdir = experiment.train.workdir
+    return "hf" in assets or bool(workdir) and (Path(workdir) / "hf_config.json").is_file()
+
+
+def carried_assets(directory: str | Path | None) -> dict:
+    """The assets a run started from (``train.init_from``) or resumed in ``directory`` saves
+    again with each of its steps: an imported model's ``"hf"`` record (its original
+    ``config.json`` and dtype) and its Hugging Face tokenizer. ``{}`` for None or a checkpoint
+    without them."""
+    if not directory:
+        return {}
+    checkpoints_dir, step = resolve(directory)
+    store = reader(checkpoints_dir)
+    try:
+        metadata, _ = store.first_good(step, lambda s: store.read_json(s)[0])
+    finally:
+        store.mgr.close()
+    assets = metadata.get("assets") or {}
+    tokenizer = assets.get("tokenizer") or {}
+    carried = {"hf": assets["hf"]} if "hf" in assets else {}
+    return carried | ({"tokenizer": tokenizer} if tokenizer.get("kind") == "hf" else {})
+
+
+NO_HF_TOKENIZER = (
+    "no tokenizer.json beside the weights: generate takes --ids only; put the model's "
+    "tokenizer.json (tokenizer.save_pretrained) there and import again for --input text"
+)
+
+
+def hf_tokenizer_of(experiment, assets: dict):
+    """The Hugging Face tokenizer an imported model reads text with (``None``: it has none,
+    or it was fine-tuned on a task, ``train.init_from``, and reads that task's inputs)."""
+    from tfmjax.data.tokenizers import tokenizer_from_dict
+
+    saved = assets.get("tokenizer") or {}
+    if saved.get("kind") != "hf" or experiment.train.init_from:
+        return None
+    return tokenizer_from_dict(saved)
+
+
 def load_for_inference(directory: str | Path):
     """``(config dict, params, step)`` of the newest checkpoint whose params verify.
 

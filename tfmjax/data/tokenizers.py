@@ -1,4 +1,5 @@
-"""Text tokenizers trained locally: characters, or byte-level BPE (Hugging Face ``tokenizers``).
+"""Text tokenizers trained locally: characters, or byte-level BPE (Hugging Face ``tokenizers``);
+and an imported Hugging Face model's own tokenizer (:class:`HFTokenizer`).
 
 Both keep the reserved ids of :mod:`tfmjax.data.vocab` (0 PAD, 1 BOS, 2 EOS, 3 SEP, 4 MASK)
 and put their own tokens from id 5, so the models' ``bos_id`` and the EOS handling of
@@ -108,13 +109,75 @@ class BpeTokenizer:
         return {"kind": self.kind, "tokenizer": json.loads(self._serialized)}
 
 
-Tokenizer = CharTokenizer | BpeTokenizer
+class HFTokenizer:
+    """An imported model's own tokenizer (a Hugging Face ``tokenizer.json``), with the model's
+    special ids as its files name them (``bos_id``, ``eos_id``, ``pad_id``: None where there
+    is none). No reserved ids: 0 is whatever token the vocabulary has there. ``encode`` adds
+    the special tokens the tokenizer's post-processor adds (Llama's BOS, T5's EOS), as
+    ``AutoTokenizer(text).input_ids`` does. ``files``: the other tokenizer files of the
+    import (``tokenizer_config.json``, ``special_tokens_map.json``) as text, for export."""
+
+    kind = "hf"
+
+    def __init__(self, serialized: str, *, bos_id=None, eos_id=None, pad_id=None, files=None):
+        from tokenizers import Tokenizer
+
+        self.serialized = serialized  # the tokenizer.json text
+        self._tok = Tokenizer.from_str(serialized)
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        self.files = dict(files or {})
+
+    @property
+    def size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=True).ids
+
+    def decode(self, ids: Iterable[int], *, stop_at_eos: bool = False) -> str:
+        """Ids -> text, special tokens left out (as ``skip_special_tokens=True``); an id past
+        the tokenizer shows as U+FFFD; ``stop_at_eos``: the text ends before ``eos_id``."""
+        out, run = [], []
+        for i in (int(i) for i in ids):
+            if stop_at_eos and i == self.eos_id:
+                break
+            if 0 <= i < self.size:
+                run.append(i)
+                continue
+            out += [self._tok.decode(run, skip_special_tokens=True), "\ufffd"]
+            run = []
+        return "".join([*out, self._tok.decode(run, skip_special_tokens=True)])
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self._tok.id_to_token(i)
+
+    def label(self, i: int) -> str:
+        """How one id reads on its own (TransformerLens' ``to_str_tokens``); ``?i`` past it."""
+        return self._tok.decode([i], skip_special_tokens=False) if 0 <= i < self.size else f"?{i}"
+
+    def to_dict(self) -> dict:
+        ids = {"bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id}
+        return {
+            "kind": self.kind,
+            "tokenizer": json.loads(self.serialized),
+            **ids,
+            "files": self.files,
+        }
+
+
+Tokenizer = CharTokenizer | BpeTokenizer | HFTokenizer
 
 
 def decode(tokenizer: Tokenizer, ids: Iterable[int], *, stop_at_eos: bool = False) -> str:
     """Ids -> text. EOS shows as a newline (or ends the text with ``stop_at_eos``), MASK as
     ``<mask>``, an id past the tokenizer (a model vocabulary larger than it) as U+FFFD;
-    PAD, BOS and SEP show as nothing."""
+    PAD, BOS and SEP show as nothing. (An :class:`HFTokenizer` leaves its special tokens
+    out.)"""
+    if isinstance(tokenizer, HFTokenizer):
+        return tokenizer.decode(ids, stop_at_eos=stop_at_eos)
     out, run = [], []
     for i in (int(i) for i in ids):
         if not 0 <= i < tokenizer.size:
@@ -161,4 +224,7 @@ def tokenizer_from_dict(data: dict) -> Tokenizer:
         return CharTokenizer(list(data["symbols"]))
     if kind == "bpe":
         return BpeTokenizer(json.dumps(data["tokenizer"]))
+    if kind == "hf":
+        ids = {k: data.get(k) for k in ("bos_id", "eos_id", "pad_id")}
+        return HFTokenizer(json.dumps(data["tokenizer"]), **ids, files=data.get("files"))
     raise ValueError(f"unknown tokenizer kind {kind!r} in a saved tokenizer")

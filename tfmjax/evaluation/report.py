@@ -27,6 +27,7 @@ def evaluate_checkpoint(
     decode_seed: int = 0,
     mesh: Sequence[str] | None = None,
     say: Callable[[str], None] | None = None,
+    text: str | Path | None = None,
 ) -> dict:
     """Evaluate the params of a checkpoint (a workdir, its ``checkpoints`` dir or a step dir).
 
@@ -37,6 +38,8 @@ def evaluate_checkpoint(
     ``say`` gets one line naming the mesh when it is not the checkpoint's own.
     The config comes from the checkpoint. Raises CheckpointError (missing, corrupt) or
     ConfigError (a config, split, size or mesh that does not fit), each with a one-line message.
+    ``text``: a text file to score an imported language model on with its own tokenizer
+    (:mod:`tfmjax.evaluation.perplexity`); an imported model, which has no task, needs it.
     """
     from tfmjax.checkpoint import (
         load_for_inference,
@@ -63,6 +66,23 @@ def evaluate_checkpoint(
     experiment = from_dict(config)
     workdir = workdir_of(path)
     data = experiment.data
+    tokenizer = _text_tokenizer(path, step, experiment, text)
+    if tokenizer is not None:
+        with context:
+            metrics = _score_text(experiment, params, tokenizer, text, batch_size)
+        header = {"task": f"text file {text}", "split": "text", "decode": "teacher-forced"}
+        return {
+            "checkpoint": str(path),
+            "workdir": str(workdir),
+            "step": step,
+            "experiment": experiment.name,
+            "family": experiment.model.family,
+            **header,
+            "mesh": mesh_text(shape),
+            "metric_names": ["loss", "perplexity", "bits_per_char"],
+            **metrics,
+            "examples": [],
+        }
     try:
         source = open_checkpoint_source(path, step, data)
         evaluator = make_evaluator(
@@ -92,6 +112,54 @@ def evaluate_checkpoint(
         **metrics,
         "examples": rows,
     }
+
+
+def _text_tokenizer(path, step: int, experiment, text):
+    """The tokenizer to score ``text`` with (None: evaluate the task); ConfigError (one line)
+    for an imported model without ``text``, or ``text`` where no tokenizer can read it."""
+    from tfmjax.checkpoint import hf_tokenizer_of, is_imported, load_assets
+    from tfmjax.config import ConfigError
+
+    assets = load_assets(path, step)
+    tokenizer = hf_tokenizer_of(experiment, assets)
+    if text is None:
+        if is_imported(experiment, assets):
+            raise ConfigError(
+                f"{path} is an imported Hugging Face model, trained on no task here: pass "
+                "--text FILE to measure its perplexity on your text, or fine-tune it first"
+            )
+        return None
+    if tokenizer is None:
+        if is_imported(experiment, assets):
+            raise ConfigError(
+                "--text needs the model's tokenizer, and there was no tokenizer.json beside the "
+                "weights at import: put it there (tokenizer.save_pretrained) and import again"
+            )
+        raise ConfigError(
+            f"--text scores an imported Hugging Face model; {path} was trained on task "
+            f"{experiment.data.task!r}: evaluate it without --text"
+        )
+    return tokenizer
+
+
+def _score_text(experiment, params, tokenizer, text, batch_size) -> dict:
+    from tfmjax.config import ConfigError
+    from tfmjax.evaluation.perplexity import text_perplexity
+
+    try:
+        content = Path(text).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--text {text}: cannot read it as UTF-8 text ({err})") from None
+    try:
+        return text_perplexity(
+            experiment.model,
+            params,
+            tokenizer.encode(content),
+            len(content),
+            batch_size or experiment.data.batch_size,
+        )
+    except ValueError as err:
+        raise ConfigError(f"--text {text}: {err}") from None
 
 
 def format_report(report: dict) -> str:

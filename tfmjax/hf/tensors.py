@@ -6,6 +6,10 @@ they are stored, :func:`write` stores them as given.
 
 from __future__ import annotations
 
+import json
+import os
+import struct
+from collections import Counter
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -16,6 +20,7 @@ from safetensors.numpy import load_file, save_file
 from tfmjax.hf.errors import HFError
 
 WEIGHTS = "model.safetensors"
+SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 DTYPES = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
@@ -42,7 +47,28 @@ def write(directory: str | Path, tensors: dict[str, np.ndarray]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
     save_file(arrays, str(path), metadata={"format": "pt"})
+    path.chmod(0o666 & ~_umask())  # safetensors writes 0600; a file is readable as usual
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def stored_dtype(directory: str | Path) -> str | None:
+    """The floating dtype most tensors of ``directory/model.safetensors`` are stored in
+    (``float32``, ``float16`` or ``bfloat16``; read from the header alone), None if none."""
+    with open(Path(directory) / WEIGHTS, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    counts = Counter(
+        SAFETENSORS_DTYPES[v["dtype"]]
+        for k, v in header.items()
+        if k != "__metadata__" and v["dtype"] in SAFETENSORS_DTYPES
+    )
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def dtype_of(name: str) -> np.dtype:

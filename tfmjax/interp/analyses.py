@@ -16,7 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import tfmjax.interp.patching as patching
-from tfmjax.checkpoint import load_for_inference, open_checkpoint_source
+from tfmjax.checkpoint import (
+    hf_tokenizer_of,
+    is_imported,
+    load_assets,
+    load_for_inference,
+    open_checkpoint_source,
+)
 from tfmjax.config import Experiment, from_dict
 from tfmjax.data.vocab import RESERVED_TOKENS
 from tfmjax.interp.attribution import logit_attribution
@@ -28,6 +34,7 @@ from tfmjax.interp.hooked import (
     run_with_cache,
     run_with_patches,
 )
+from tfmjax.interp.imported import open_user_text
 from tfmjax.interp.sae import SAEConfig, loss_recovered, reconstruct, sae_metrics, train_sae
 from tfmjax.models import build
 
@@ -63,13 +70,26 @@ class Run:
         return {k: jnp.asarray(v) for k, v in raw.items()}
 
 
-def load_run(path: str | Path) -> Run:
-    """The newest good checkpoint under ``path`` (a workdir or one step dir)."""
+def load_run(path: str | Path, command: str = "heads", text=None, ids=None) -> Run:
+    """The newest good checkpoint under ``path`` (a workdir or one step dir), with its task's
+    data; an imported model, which has none, reads ``text`` (or ``ids``, a string of ids)
+    for ``command`` (:mod:`tfmjax.interp.imported`)."""
     path = Path(path)
     config, params, step = load_for_inference(path)
     experiment = from_dict(config)
-    source = open_checkpoint_source(path, step, experiment.data)
-    return Run(path, step, experiment, build(experiment.model), params, source)
+    model = build(experiment.model)
+    assets = load_assets(path, step)
+    if is_imported(experiment, assets):
+        tokenizer = hf_tokenizer_of(experiment, assets)
+        source = open_user_text(model, tokenizer, command, text, ids)
+    elif text is not None or ids is not None:
+        raise ValueError(
+            f"--input and --ids are for imported models; this run analyses its task "
+            f"{experiment.data.task!r}: leave them out"
+        )
+    else:
+        source = open_checkpoint_source(path, step, experiment.data)
+    return Run(path, step, experiment, model, params, source)
 
 
 def checkpoint_steps(workdir: str | Path) -> list[Path]:

@@ -15,7 +15,10 @@ Commands (each writes PNGs and its section of ``OUT/interp.json``; OUT defaults 
   sae       a sparse autoencoder on one layer's residual stream, spliced back in
   phase     the induction score at every checkpoint kept; ``phase.png``
 
-The config, params and task come from the checkpoint. Errors: one line on stderr, exit 2.
+The config, params and task come from the checkpoint. An imported Hugging Face model has no
+task: ``heads``, ``patterns`` and ``dla`` analyse your text (``--input "some text"``, read by
+the model's own tokenizer, or ``--ids``) and label positions with its tokens.
+Errors: one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("workdir", help="a training run's workdir (or one step dir)")
     p.add_argument("command", choices=COMMANDS)
     p.add_argument("--out", help="output folder (default WORKDIR/interp)")
+    given = p.add_mutually_exclusive_group()
+    given.add_argument(
+        "--input", help="an imported model: the text to analyse (its own tokenizer reads it)"
+    )
+    given.add_argument("--ids", help='an imported model: token ids to analyse, e.g. "464 3290"')
     p.add_argument("--batch-size", type=int, default=64, help="eval rows to analyse")
     p.add_argument("--length", type=int, default=10, help="heads/phase: repeated length")
     p.add_argument("--example", type=int, default=0, help="patterns: which eval row")
@@ -83,7 +91,11 @@ def write_report(out: Path, section: str, data: dict) -> Path:
 
 
 def token_labels(run, ids) -> list[str]:
-    """Readable labels of token ids (reserved names, task symbols, ``?id`` past the task)."""
+    """Readable labels of token ids (reserved names, task symbols, ``?id`` past the task; an
+    imported model's own tokens)."""
+    label = getattr(run.source, "label", None)
+    if label is not None:
+        return [label(i) for i in np.asarray(ids).tolist()]
     vocab = getattr(run.source, "task", None)
     vocab = getattr(vocab, "vocab", None)
     labels = []
@@ -110,7 +122,7 @@ def run_command(args) -> dict:
             ylabel="score",
         )
         return report
-    run = analyses.load_run(args.workdir)
+    run = analyses.load_run(args.workdir, args.command, args.input, args.ids)
     batch = run.batch(args.batch_size)
     out = _out(args)
     if args.command == "heads":
@@ -165,6 +177,9 @@ def _out(args) -> Path:
 
 
 def _patterns(run, batch, args, out: Path) -> dict:
+    rows = len(next(iter(batch.values())))
+    if not 0 <= args.example < rows:
+        raise ValueError(f"--example {args.example} is not one of the {rows} rows analysed")
     row = {k: v[args.example : args.example + 1] for k, v in batch.items()}
     _, cache = run_with_cache(run.model, run.params, row, names=["*.hook_pattern"])
     sides = _side_labels(run, row)

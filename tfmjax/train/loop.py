@@ -48,7 +48,7 @@ from pathlib import Path
 
 import jax
 
-from tfmjax.checkpoint import Checkpointer
+from tfmjax.checkpoint import Checkpointer, carried_assets
 from tfmjax.checkpoint.lock import WorkdirLock
 from tfmjax.compat import untested_jax
 from tfmjax.config import LOWER_IS_BETTER, Experiment
@@ -118,8 +118,12 @@ class _Loop:
         ckpt: Checkpointer,
         last_saved: int | None,
         on_step: Callable | None,
+        carried: dict | None = None,
     ):
         self.run, self.console, self.log, self.ckpt = run, console, log, ckpt
+        # Saved with every step: what the run started from carries (an imported model's
+        # original config and tokenizer), then the data source's own (a text task's tokenizer).
+        self.assets = {**(carried or {}), **run.source.assets()}
         self.last_saved, self.on_step = last_saved, on_step
         self.started = time.perf_counter()
         self.window = _Window()
@@ -165,7 +169,7 @@ class _Loop:
             state,
             config=self.run.experiment.to_dict(),
             metrics=metrics,
-            assets=self.run.source.assets(),
+            assets=self.assets,
         )
         self.last_saved = step
         self.window.start += time.perf_counter() - begin
@@ -366,7 +370,8 @@ def _train_locked(run, workdir, stream, progress, on_step, plot, override_config
         if applied:
             console.print(f"resuming step {start} with {', '.join(applied)}")
             log.write({"step": start, "split": "config", "changes": applied})
-        loop = _Loop(run, console, log, ckpt, start or None, on_step)
+        carried = carried_assets(workdir if start else t.init_from)
+        loop = _Loop(run, console, log, ckpt, start or None, on_step, carried)
         with StopSignals() as stop:
             state, step, stopped = loop.run_steps(state, start, stop)
             ckpt.wait()
