@@ -4,6 +4,7 @@ transformers generated, committed as goldens). The README's cells: test_readme_p
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -67,10 +68,43 @@ def test_an_imported_model_continues_ids_as_transformers_does(tmp_path):
     prompt = [int(t) for t in data["prompts"][0] if t]
     (row,) = tfmjax.generate_ids(m, [prompt], max_new_tokens=16)
     assert row == data["generated"][0].tolist()
-    for call in (lambda: tfmjax.generate_text(m, "hi"), lambda: tfmjax.evaluate(m)):
-        with pytest.raises(ValueError, match="holds an imported model") as err:
+    for call, says in (
+        (lambda: tfmjax.generate_text(m, "hi"), "no tokenizer.json beside the weights"),
+        (lambda: tfmjax.evaluate(m), "holds an imported model"),
+    ):
+        with pytest.raises(ValueError, match=says) as err:
             call()
         assert "\n" not in str(err.value)
+
+
+def _tokenizer_fixture():
+    """tests/hf/tokenizer_fixture.py (tests/ is no package): tiny models with a tokenizer."""
+    path = ROOT / "tests" / "hf" / "tokenizer_fixture.py"
+    spec = importlib.util.spec_from_file_location("tokenizer_fixture", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_imported_model_with_its_tokenizer_continues_text_as_the_generate_cli_does(
+    tmp_path, capsys
+):
+    from tfmjax.generate import main as generate_main
+
+    work = tmp_path / "llama"
+    assert (
+        hf_main(["import", str(_tokenizer_fixture().model_dir("llama", tmp_path)), str(work)]) == 0
+    )
+    m = tfmjax.load(work)
+    prompts = ["the dog sat on", "a bird"]
+    assert m.source is None and m.tokenizer.encode(prompts[0])
+    texts = tfmjax.generate_text(m, prompts, max_new_tokens=6)
+    capsys.readouterr()
+    args = [str(work), "--input", prompts[0], "--input", prompts[1], "--max-new-tokens", "6"]
+    assert generate_main(args) == 0
+    assert capsys.readouterr().out == "".join(
+        f"{p} -> {t}\n" for p, t in zip(prompts, texts, strict=True)
+    )
 
 
 def test_a_language_model_continues_text_as_the_generate_cli_does(tmp_path, capsys):
@@ -90,10 +124,12 @@ def test_a_language_model_continues_text_as_the_generate_cli_does(tmp_path, caps
     assert tfmjax.fit(exp, progress=False)["step"] == 2
     m = tfmjax.load(tmp_path / "lm")
     assert m.tokenizer.encode("ROMEO:") and m.source is not None
-    texts = tfmjax.generate_text(m, ["ROMEO:", "JULIET:"])
+    prompts = ["ROMEO:", "JULIET:"]
+    texts = tfmjax.generate_text(m, prompts)  # what follows each (the CLI prints both)
     capsys.readouterr()
-    assert generate_main([str(tmp_path / "lm"), "--input", "ROMEO:", "--input", "JULIET:"]) == 0
-    assert capsys.readouterr().out == "".join(text + "\n" for text in texts)
-    assert all(t.startswith(p) for t, p in zip(texts, ("ROMEO:", "JULIET:"), strict=True))
+    assert generate_main([str(tmp_path / "lm"), "--input", prompts[0], "--input", prompts[1]]) == 0
+    assert capsys.readouterr().out == "".join(
+        f"{p}{t}\n" for p, t in zip(prompts, texts, strict=True)
+    )
     report = tfmjax.evaluate(m)
     assert report["step"] == 2 and report["bits_per_char"] > 0

@@ -4,7 +4,7 @@
     exp = tfmjax.experiment("configs/reverse.toml", {"train.steps": 300})
     tfmjax.fit(exp)                                  # train.py: resumes, Ctrl-C saves and stops
     m = tfmjax.load(exp.workdir)                     # model, params, config, tokenizer, step
-    tfmjax.generate_text(m, "c a b")                 # the task's symbols (or a corpus's text)
+    tfmjax.generate_text(m, "c a b")                 # the answer (or the text that follows)
     tfmjax.generate_ids(m, [[7, 5, 6]])              # ids in, ids out
     tfmjax.evaluate(m)                               # eval.py's metrics on m.params
 
@@ -85,8 +85,8 @@ class Loaded:
     model: Any  # the built flax module, dropout off
     params: Any  # model.apply's variables: {"params": ...}
     config: Experiment  # the experiment the checkpoint was trained with
-    tokenizer: Any  # a toy task's Vocab, a corpus's tokenizer (.encode(text) -> ids); None
-    # for an imported Hugging Face model (``python -m tfmjax.hf import``): ids only
+    tokenizer: Any  # .encode(text) -> ids: a toy task's Vocab, a corpus's tokenizer, or an
+    # imported model's Hugging Face tokenizer (None when it was imported without one)
     step: int  # the step actually loaded (an older one when the newest is corrupt)
     path: str  # what was loaded: a workdir, its checkpoints dir or one step dir
     source: Any  # the task or corpus (tfmjax.data.sources), for evaluation; None if imported
@@ -95,47 +95,51 @@ class Loaded:
 def load(workdir: str | Path) -> Loaded:
     """The newest good checkpoint under ``workdir`` (or one step dir), on one device: the
     params verified by their hash, the config and tokenizer saved with them."""
-    from tfmjax.checkpoint import open_checkpoint_source, workdir_of
+    from tfmjax.checkpoint import (
+        hf_tokenizer_of,
+        is_imported,
+        load_assets,
+        open_checkpoint_source,
+    )
     from tfmjax.generate import load as load_checkpoint
-    from tfmjax.hf.cli import HF_CONFIG
     from tfmjax.models import build
 
     exp, params, step = load_checkpoint(str(workdir))
-    source = tokenizer = None
-    if not (workdir_of(workdir) / HF_CONFIG).is_file():  # imported: trained on no task here
+    assets = load_assets(workdir, step)
+    if is_imported(exp, assets):  # trained on no task here: its own tokenizer, if any
+        source, tokenizer = None, hf_tokenizer_of(exp, assets)
+    else:
         source = open_checkpoint_source(workdir, step, exp.data)
         tokenizer = source.task.vocab if hasattr(source, "task") else source.tokenizer
     model = build(exp.model, deterministic=True)
     return Loaded(model, params, exp, tokenizer, step, str(workdir), source)
 
 
-def _loaded(m, needs_task: str = "") -> Loaded:
-    m = m if isinstance(m, Loaded) else load(m)
-    if needs_task and m.source is None:
-        raise ValueError(
-            f"{m.path} holds an imported model, trained on no task or text here: {needs_task}"
-        )
-    return m
+def _loaded(m) -> Loaded:
+    return m if isinstance(m, Loaded) else load(m)
 
 
 def generate_text(m, text: str | Sequence[str], strategy=None, *, max_new_tokens=None, seed=0):
-    """Continue ``text`` (a str, or a list of them: one batch) -> the generated text(s).
+    """What the model writes after ``text`` (a str, or a list of them: one batch), as
+    ``python -m tfmjax.generate WORKDIR --input TEXT`` does: a toy task's answer to its
+    symbols (``"c a b"``); the text a corpus's language model or an imported model (with
+    its own tokenizer) continues it with. ``strategy``: a :mod:`tfmjax.decode` strategy
+    (default ``Greedy()``; a corpus: its task's top-k sampling); ``seed`` for sampling;
+    ``m``: :func:`load`'s result or a workdir."""
+    from tfmjax.checkpoint import NO_HF_TOKENIZER
+    from tfmjax.decode import Greedy
+    from tfmjax.generate import generate_from_text, hf_continuations, text_continuations
 
-    A toy task's model answers its symbols (``"c a b"``, what ``generate --input`` reads);
-    a corpus's language model continues plain text with its tokenizer (the text, then the
-    continuation). ``strategy``: a :mod:`tfmjax.decode` strategy (default ``Greedy()``; a
-    corpus: the top-k sampling of its task params); ``m``: :func:`load`'s result or a workdir.
-    """
-    import jax
-
-    from tfmjax.data.tokenizers import decode
-    from tfmjax.decode import Greedy, TopK
-    from tfmjax.generate import continue_text, generate_from_text
-
-    m = _loaded(m, "give it token ids, tfmjax.generate_ids(m, [[...]])")
+    m = _loaded(m)
     texts = [text] if isinstance(text, str) else list(text)
     exp = m.config
-    if hasattr(m.source, "task"):
+    if m.source is None:  # an imported model
+        if m.tokenizer is None:
+            raise ValueError(f"{m.path}: {NO_HF_TOKENIZER} (here: tfmjax.generate_ids)")
+        out = hf_continuations(
+            exp.model, m.params, m.tokenizer, texts, strategy or Greedy(), max_new_tokens, seed
+        )
+    elif hasattr(m.source, "task"):
         task = m.source.task
         max_new = max_new_tokens or task.max_target_len("eval") + 1
         inputs = [task.canonical_input(t) for t in texts]
@@ -143,19 +147,7 @@ def generate_text(m, text: str | Sequence[str], strategy=None, *, max_new_tokens
             exp.model, m.params, task.vocab, inputs, strategy or Greedy(), max_new, rng=seed
         )
     else:
-        p = m.source.params
-        strategy = strategy or TopK(min(p.top_k, exp.model.vocab_size) or 1, p.temperature)
-        out, rng = [], jax.random.key(seed)
-        for i, t in enumerate(texts):
-            new = continue_text(
-                m.model,
-                m.params,
-                m.tokenizer.encode(t),
-                strategy,
-                max_new_tokens or p.sample_tokens,
-                jax.random.fold_in(rng, i),
-            )
-            out.append(t + decode(m.tokenizer, new, stop_at_eos=True))
+        out = text_continuations(exp, m.params, m.tokenizer, texts, strategy, max_new_tokens, seed)
     return out[0] if isinstance(text, str) else out
 
 
@@ -178,7 +170,12 @@ def evaluate(m, *, split="eval", num_examples=None, strategy=None, seed=0, rows=
     ``data.eval_examples``; ``strategy`` decodes the answers (default greedy)."""
     from tfmjax.evaluation.text_evaluator import make_evaluator
 
-    m = _loaded(m, "fine-tune it on a task first (its workdir's finetune.toml)")
+    m = _loaded(m)
+    if m.source is None:
+        raise ValueError(
+            f"{m.path} holds an imported model, trained on no task here: fine-tune it first, "
+            f"or measure its perplexity on a text file: python eval.py {m.path} --text FILE"
+        )
     data = m.config.data
     evaluator = make_evaluator(
         m.config.model,
