@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfmjax.config import Experiment, apply_overrides, from_dict
+from tfmjax.config import Experiment, from_overridden
 from tfmjax.config import load as load_toml
 
 
@@ -55,13 +55,10 @@ def experiment(config: str | Path | Mapping, overrides=(), *, name: str | None =
     applied as on ``train.py``'s command line. ``name`` (default: the file's stem, or
     ``"experiment"``) names the workdir, ``runs/NAME``, unless ``train.workdir`` is set."""
     items = _override_strings(overrides)
-    if not isinstance(config, Mapping):
-        exp = load_toml(config, items)
+    if isinstance(config, Mapping):
+        exp = from_overridden(dict(config), items)  # named by its "name", or "experiment"
     else:
-        raw = dict(config)
-        if any(item.partition("=")[0].strip() == "model.preset" for item in items):
-            raw["model"] = {}  # as load() does: a preset override starts the model afresh
-        exp = from_dict(apply_overrides(raw, items))  # named by raw["name"], or "experiment"
+        exp = load_toml(config, items)
     return dataclasses.replace(exp, name=name) if name else exp
 
 
