@@ -255,23 +255,40 @@ def _run(args) -> int:
 
 def _generate_text(experiment, params, step: int, args, strategy) -> int:
     """``--input`` of a text task: each text continued, printed with its continuation."""
-    import jax
-
     from tfmjax.checkpoint import load_assets
-    from tfmjax.data.text import TextParams
-    from tfmjax.data.tokenizers import decode, tokenizer_from_dict
-    from tfmjax.decode import TopK
-    from tfmjax.models import build
+    from tfmjax.data.tokenizers import tokenizer_from_dict
 
-    task = TextParams.parse(experiment.data.task_params)
     saved = load_assets(args.workdir, step).get("tokenizer")
     if saved is None:
         raise ValueError(f"checkpoint step {step} holds no tokenizer (written by an older tfmjax)")
     tokenizer = tokenizer_from_dict(saved)
+    texts = args.input
+    news = text_continuations(
+        experiment, params, tokenizer, texts, strategy, args.max_new_tokens, args.seed
+    )
+    for text, new in zip(texts, news, strict=True):
+        _say(text + new)
+    return 0
+
+
+def text_continuations(
+    experiment, params, tokenizer, texts, strategy=None, max_new_tokens=None, seed=0
+) -> list[str]:
+    """The text a text task's language model writes after each of ``texts`` (up to its EOS
+    or ``max_new_tokens``, default the task's ``sample_tokens``); ``strategy`` None: the
+    task's top-k sampling; text ``i`` samples with ``fold_in(key(seed), i)``."""
+    import jax
+
+    from tfmjax.data.text import TextParams
+    from tfmjax.data.tokenizers import decode
+    from tfmjax.decode import TopK
+    from tfmjax.models import build
+
+    task = TextParams.parse(experiment.data.task_params)
     model_config = experiment.model
     if strategy is None:
         strategy = TopK(min(task.top_k, model_config.vocab_size) or 1, task.temperature)
-    prompts = [tokenizer.encode(text) for text in args.input]
+    prompts = [tokenizer.encode(text) for text in texts]
     if not all(prompts):
         raise ValueError('--input is empty: give the text to continue, e.g. "ROMEO:"')
     longest = max(len(p) for p in prompts)
@@ -281,18 +298,19 @@ def _generate_text(experiment, params, step: int, args, strategy) -> int:
             f"model.max_len={model_config.max_len} positions: give a shorter text"
         )
     model = build(model_config)
-    rng = jax.random.key(args.seed)
-    for i, (text, prompt) in enumerate(zip(args.input, prompts, strict=True)):
+    rng = jax.random.key(seed)
+    news = []
+    for i, prompt in enumerate(prompts):
         new = continue_text(
             model,
             params,
             prompt,
             strategy,
-            args.max_new_tokens or task.sample_tokens,
+            max_new_tokens or task.sample_tokens,
             jax.random.fold_in(rng, i),
         )
-        _say(text + decode(tokenizer, new, stop_at_eos=True))
-    return 0
+        news.append(decode(tokenizer, new, stop_at_eos=True))
+    return news
 
 
 def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: int, rng):
@@ -321,26 +339,38 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
 
 
 def _generate_hf_text(model_config: ModelConfig, params, tokenizer, args, strategy) -> int:
-    """``--input`` of an imported model: each text encoded with the model's own tokenizer
+    """``--input`` of an imported model, printed as ``text -> continuation``
+    (:func:`hf_continuations`)."""
+    news = hf_continuations(
+        model_config, params, tokenizer, args.input, strategy, args.max_new_tokens, args.seed
+    )
+    for text, new in zip(args.input, news, strict=True):
+        _say(f"{text} -> {new}")
+    return 0
+
+
+def hf_continuations(
+    model_config: ModelConfig, params, tokenizer, texts, strategy, max_new_tokens=None, seed=0
+) -> list[str]:
+    """What an imported model writes after each text: encoded with the model's own tokenizer
     (with the special tokens it adds, as ``AutoTokenizer(text)``), continued as ``--ids``
-    would be, and printed as ``text -> continuation`` (special tokens left out)."""
+    would be (up to its EOS, or ``max_new_tokens``, default 16), decoded without the EOS."""
     from tfmjax.decode import generate
     from tfmjax.models import build
     from tfmjax.parallel.processes import to_host
 
-    prompts = [tokenizer.encode(text) for text in args.input]
+    prompts = [tokenizer.encode(text) for text in texts]
     if not all(prompts):
         raise ValueError('--input is empty: give the text to continue, e.g. "Hello"')
-    out = generate(
-        build(model_config), params, prompts, strategy, args.max_new_tokens or 16, rng=args.seed
-    )
+    out = generate(build(model_config), params, prompts, strategy, max_new_tokens or 16, rng=seed)
     rows, lengths = to_host((out.tokens, out.lengths))
-    for text, row, n in zip(args.input, rows.tolist(), lengths.tolist(), strict=True):
+    news = []
+    for row, n in zip(rows.tolist(), lengths.tolist(), strict=True):
         new = row[:n]
         if new and new[-1] == model_config.eos_id:  # the EOS it stopped at is not text
             new = new[:-1]
-        _say(f"{text} -> {tokenizer.decode(new)}")
-    return 0
+        news.append(tokenizer.decode(new))
+    return news
 
 
 def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:

@@ -248,9 +248,14 @@ def _check(res: Result, moment: Moment, sig: signal.Signals) -> None:
     if len(lines) > 2:
         bad.append(f"{len(lines)} lines on stderr")
     new = res.saved_after is not None and res.saved_after != res.saved_before
-    if moment.twice:
-        if res.code != 130 or "second Ctrl-C" not in err_text:
-            bad.append(f"a second Ctrl-C: exit {res.code}, expected 130 with one line")
+    if moment.twice:  # its line says truly what is saved
+        kept = (
+            "nothing was saved"
+            if res.saved_before is None
+            else f"the last saved checkpoint (step {res.saved_before}) is intact"
+        )
+        if res.code != 130 or f"second Ctrl-C: exiting now; {kept}" not in err_text:
+            bad.append(f"a second Ctrl-C: exit {res.code}, expected 130 with '{kept}'")
         return  # how soon it exited: _check_at_once, against this chain's own compile time
     if res.code == 0:
         if not new:

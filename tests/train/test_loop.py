@@ -87,7 +87,7 @@ def test_non_finite_loss_stops_without_saving(tmp_path):
     )
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss or gradient at step \d+"):
         quiet(exp)
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []
+    assert not (tmp_path / "checkpoints").exists()  # made by the run, empty: removed again
 
 
 def test_vocab_too_small_names_both_sizes(tmp_path):

@@ -1,7 +1,6 @@
 """Rerunning into a workdir that holds a run: allowed changes apply, others are refused
 unless overridden (and then recorded)."""
 
-import dataclasses
 import io
 import json
 import os
@@ -50,13 +49,15 @@ def finished(tmp_path):
 
 
 def test_more_steps_resume_and_say_so(finished):
-    result, out = run(experiment(finished, train__steps=6, train__log_every=3))
+    """More steps on the schedule the run had (optim.schedule_steps: the cosine's 4 steps;
+    tests/train/test_resume_schedule.py has the rest)."""
+    exp = experiment(finished, train__steps=6, train__log_every=3, optim__schedule_steps=4)
+    result, out = run(exp)
     assert result["step"] == 6
-    assert "resuming step 4 with train.log_every 2 -> 3, train.steps 4 -> 6" in out
+    changes = ["optim.schedule_steps 0 -> 4", "train.log_every 2 -> 3", "train.steps 4 -> 6"]
+    assert f"resuming step 4 with {', '.join(changes)}" in out
     config = [r for r in read_records(finished / "metrics.jsonl") if r["split"] == "config"]
-    assert config == [
-        {"step": 4, "split": "config", "changes": ["train.log_every 2 -> 3", "train.steps 4 -> 6"]}
-    ]
+    assert config == [{"step": 4, "split": "config", "changes": changes}]
     assert load_config(finished)["train"]["steps"] == 6
 
 
@@ -87,7 +88,7 @@ def test_override_continues_and_records_the_new_config(finished):
     assert load_config(finished)["optim"]["learning_rate"] == 1e-3
     (record,) = [r for r in read_records(finished / "metrics.jsonl") if r["split"] == "config"]
     assert "optim.learning_rate 0.003 -> 0.001" in record["changes"]
-    run(dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=8)))  # no refusal now
+    assert "nothing to do" in run(exp)[1]  # the recorded config is the new one: no refusal
 
 
 def _toml(finished) -> Path:

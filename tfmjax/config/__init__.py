@@ -30,7 +30,7 @@ from tfmjax.config.choices import (
 )
 from tfmjax.config.compare import changes, diff
 from tfmjax.config.errors import ConfigError
-from tfmjax.config.loading import apply_overrides, from_dict, load, parse_value
+from tfmjax.config.loading import apply_overrides, from_dict, from_overridden, load, parse_value
 from tfmjax.config.model import ModelConfig
 from tfmjax.config.presets import PRESETS, get_preset, preset
 from tfmjax.config.sections import (
@@ -73,6 +73,7 @@ __all__ = [
     "changes",
     "diff",
     "from_dict",
+    "from_overridden",
     "get_preset",
     "load",
     "parse_value",

@@ -110,6 +110,13 @@ def load(path: str | Path, overrides=()) -> Experiment:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    return from_overridden(raw, overrides, name=path.stem)
+
+
+def from_overridden(raw: dict, overrides=(), name: str = "experiment") -> Experiment:
+    """:func:`from_dict` of ``raw`` (a TOML file's tables, or a dict of them) with
+    ``section.key=value`` overrides applied as :func:`load` applies them (a ``model.preset``
+    override starts the model section afresh). ``raw["name"]``, if given, names it."""
     if any(item.partition("=")[0].strip() == "model.preset" for item in overrides):
-        raw["model"] = {}
-    return from_dict(apply_overrides(raw, overrides), name=path.stem)
+        raw = {**raw, "model": {}}
+    return from_dict(apply_overrides(raw, overrides), name=name)

@@ -25,6 +25,11 @@ class OptimConfig:
     warmup_steps: int = option(100, help="steps of linear warmup from 0")
     end_learning_rate: float = option(0.0, help="where cosine, linear and wsd end")
     decay_fraction: float = option(0.1, help="wsd: share of the steps spent decaying")
+    schedule_steps: int = option(
+        0,
+        help="steps cosine, linear and wsd span (0: train.steps); past them the rate stays at "
+        "optim.end_learning_rate",
+    )
     weight_decay: float = option(
         0.0, help="AdamW decoupled weight decay (not on norms, biases, embeddings)"
     )
@@ -42,6 +47,12 @@ class OptimConfig:
         one_of("optim.schedule", self.schedule, SCHEDULES)
         positive("optim", self, "learning_rate", "eps", "clip_norm", "grad_accum_steps")
         require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
+        require(
+            self.schedule_steps >= 0,
+            "optim.schedule_steps",
+            self.schedule_steps,
+            "must be >= 0 (0: train.steps)",
+        )
         require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
         require(
             0 <= self.end_learning_rate,

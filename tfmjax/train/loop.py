@@ -27,7 +27,8 @@ SIGTERM / Ctrl-C (:class:`StopSignals`): the current call finishes (with K = 1, 
 step), the state is saved, the save is waited for, and ``train`` returns with
 ``stopped=True``; a signal that came before the first step (while building or restoring;
 ``train.py`` catches them from its start) raises :class:`Interrupted` instead, nothing
-saved. A second Ctrl-C interrupts at once (``train.py``: exits 130).
+saved, and the parts of the workdir the run made go again (:mod:`tfmjax.train.tidy`). A
+second Ctrl-C interrupts at once (``train.py``: exits 130, saying what is saved).
 A non-finite loss raises :class:`NonFiniteLossError` without saving anything more (found at
 the next log or save step, whatever K). An error while building a batch (a bad token id) is
 raised before the call that needs the batch, as its one line: that call never runs.
@@ -58,11 +59,12 @@ from tfmjax.parallel.processes import is_main
 from tfmjax.reporting.console import Console
 from tfmjax.reporting.metrics_log import MetricsLog, NullLog
 from tfmjax.train.prefetch import Prefetcher
-from tfmjax.train.resume import restore
+from tfmjax.train.resume import longer_hint, restore
 from tfmjax.train.run import Run, build_run
 from tfmjax.train.state import count_params, reset_window
 from tfmjax.train.step import window_means
 from tfmjax.train.stopping import Interrupted, StopAgreement, StopSignals
+from tfmjax.train.tidy import Created
 
 # Every call of steps runs inside STEP_GUARD() (taking its batches, the call, on_step): no
 # device value is fetched there; logs, evaluations and saves come after it. Tests set a
@@ -207,8 +209,7 @@ class _Loop:
         if start >= t.steps:
             self.console.print(
                 f"the run in {self.run.experiment.workdir} finished at step {start} "
-                f"(train.steps={t.steps}): nothing to do; to train longer, rerun with "
-                f"train.steps={2 * start}"
+                f"(train.steps={t.steps}): nothing to do; {longer_hint(self.run.experiment, start)}"
             )
             return state, start, False
         self.start = start
@@ -293,18 +294,52 @@ def train(
     """
     run = build_run(experiment)
     workdir = Path(experiment.workdir)
+    created = Created(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as held:
-        if is_main():  # one run per workdir; the processes of one run share it
-            lock = held.enter_context(WorkdirLock(workdir))
-            if lock.unsupported:
-                print(f"{lock.unsupported}: training without the one-run lock", file=stream)
-            if lock.taken_over:
-                print(
-                    f"took over the training lock of {lock.taken_over}, which no longer runs",
-                    file=stream,
-                )
-        return _train_locked(run, workdir, stream, progress, on_step, plot, override_config)
+    owned = False  # this process holds the workdir's lock: what it made is its own
+    try:
+        with contextlib.ExitStack() as held:
+            if is_main():  # one run per workdir; the processes of one run share it
+                lock = held.enter_context(WorkdirLock(workdir))
+                owned = True
+                if lock.unsupported:
+                    print(f"{lock.unsupported}: training without the one-run lock", file=stream)
+                if lock.taken_over:
+                    print(
+                        f"took over the training lock of {lock.taken_over}, which no longer runs",
+                        file=stream,
+                    )
+                held.enter_context(_tidied_on_failure(created, lock.path))
+            return _train_locked(run, workdir, stream, progress, on_step, plot, override_config)
+    except BaseException:
+        if owned:  # the lock is released now: an empty workdir this run made goes too
+            created.tidy_workdir()
+        raise
+
+
+@contextlib.contextmanager
+def _tidied_on_failure(created: Created, lock_file: Path):
+    """While the lock is held: a run that fails or stops before saving removes the empty
+    parts it made (``metrics.jsonl``, ``checkpoints/``). A second Ctrl-C (``train.py``
+    exits at once) removes them and the lock file, and its line says what is saved."""
+    stop = StopSignals.active()
+
+    def on_exit_now() -> str:
+        created.tidy_parts()
+        lock_file.unlink(missing_ok=True)  # ours: the kernel drops the flock at exit
+        created.tidy_workdir()
+        return created.saved_line()
+
+    if stop is not None:  # a library call has none: a second Ctrl-C raises, as any error
+        stop.on_exit_now = on_exit_now
+    try:
+        yield
+    except BaseException:
+        created.tidy_parts()
+        raise
+    finally:
+        if stop is not None:
+            stop.on_exit_now = None
 
 
 def _train_locked(run, workdir, stream, progress, on_step, plot, override_config) -> dict:

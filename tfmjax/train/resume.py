@@ -11,19 +11,27 @@ A rerun compares the config saved in the newest checkpoint with the new one:
   reproduces what that version did (``train.steps_per_call = 1``, ``train.prefetch``);
 * any other change is refused in one line that lists it and names the two ways out: a new
   ``train.workdir``, or ``--override-config`` (``train(..., override_config=True)``), which
-  continues with the new settings and records them in the checkpoints and ``metrics.jsonl``.
+  continues with the new settings and records them in the checkpoints and ``metrics.jsonl``;
+* a change of what a decaying schedule spans (``train.steps``, ``optim.schedule_steps``) is
+  applied only if the learning rate at the resumed step stays what it was (a wsd run in its
+  stable phase, a constant or inverse-sqrt schedule, ``optim.schedule_steps`` kept): a
+  cosine run trained longer would jump back up its curve. Otherwise it is refused in one
+  line naming both rates and the choice: keep the schedule (``optim.schedule_steps`` = the
+  old span; past it the rate stays at ``optim.end_learning_rate``) or stretch it
+  (``--override-config``, and the printed change names the jump).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 
 from tfmjax.checkpoint import Checkpointer, CheckpointError, load_config
-from tfmjax.config import SECTIONS, Experiment, changes
+from tfmjax.config import SECTIONS, Experiment, changes, from_dict
 from tfmjax.parallel.processes import to_host
-from tfmjax.train.run import Run
+from tfmjax.train.run import Run, make_run_schedule, schedule_span
 from tfmjax.train.state import abstract_state, create_state, with_params_from
 
 # Fields a resume may change: they decide how long the run goes and what it writes, not what
@@ -39,6 +47,8 @@ RESUMABLE = (
     "train.prefetch",  # when batches are built, not what they hold
     "data.eval_examples",
 )
+# What a decaying learning-rate schedule spans: a change moves the rate of a resumed step
+SPAN = ("train.steps", "optim.schedule_steps")
 # Not part of the run's identity: the name comes from the config file, the workdir is where
 # the checkpoint was found, init_from only seeds step 0.
 IGNORED = ("train.workdir", "train.init_from")
@@ -70,10 +80,61 @@ def _is_new_default(key: str, saved: dict, value) -> bool:
     return value == field.default
 
 
+def learning_rate(experiment: Experiment, step: int) -> float:
+    """The learning rate ``experiment``'s schedule gives step ``step``."""
+    return float(make_run_schedule(experiment)(step))
+
+
+def _with_span(experiment: Experiment, steps: int, schedule_steps: int) -> Experiment:
+    optim = dataclasses.replace(experiment.optim, schedule_steps=schedule_steps)
+    train = dataclasses.replace(experiment.train, steps=steps)
+    return dataclasses.replace(experiment, optim=optim, train=train)
+
+
+def _same_rate(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+
+
+def _span_check(saved: dict, now: Experiment, step: int, spanned: list[str]):
+    """``(same, note, refusal)`` for a change of what the schedule spans: the saved run's
+    learning rate at ``step`` against the one the new span gives it (all else as saved)."""
+    before = from_dict(saved)
+    after = _with_span(before, now.train.steps, now.optim.schedule_steps)
+    old, new = learning_rate(before, step), learning_rate(after, step)
+    if _same_rate(old, new):
+        return True, "", ""
+    name, end = before.optim.schedule, before.optim.end_learning_rate
+    span_old, span_new = schedule_span(before), schedule_span(after)
+    note = f"the {name} learning rate at step {step}: {old:.3g} -> {new:.3g}"
+    refusal = (
+        f"{now.workdir} holds a run at step {step} and {', '.join(spanned)} would move its "
+        f"{name} learning rate there from {old:.3g} to {new:.3g} (the schedule would span "
+        f"{span_new} steps, not {span_old}). Keep the schedule as it was (then "
+        f"optim.end_learning_rate={end:g}): add optim.schedule_steps={span_old}; or take the "
+        "new span: --override-config"
+    )
+    return False, note, refusal
+
+
 def check_resume(saved: dict, now: Experiment, step: int, *, override: bool) -> list[str]:
     """The changes to apply and print; raises :class:`CheckpointError` for a refused change
-    unless ``override``. ``saved`` is the config of the checkpoint at ``step``."""
+    unless ``override``. ``saved`` is the config of the checkpoint at ``step``. A change of
+    what the schedule spans (:data:`SPAN`) is allowed when it leaves the learning rate at
+    ``step`` as it was; otherwise it is refused on its own line (see the module's text), or,
+    under ``override``, applied with the two rates named."""
     allowed, refused = config_changes(saved, now)
+    spanned = [c for c in allowed + refused if c.split(" ", 1)[0] in SPAN]
+    if spanned:
+        same, note, refusal = _span_check(saved, now, step, spanned)
+        others = [c for c in refused if c not in spanned]
+        if same:
+            allowed, refused = [c for c in spanned if c not in allowed] + allowed, others
+        elif override:  # the note goes on train.steps when it changed
+            named = next((c for c in spanned if c.startswith("train.steps ")), spanned[0])
+            allowed = [f"{c} ({note})" if c == named else c for c in allowed]
+            refused = [f"{c} ({note})" if c == named else c for c in refused]
+        elif not others:
+            raise CheckpointError(refusal)
     if refused and not override:
         raise CheckpointError(
             f"{now.workdir} holds a run (step {step}) with a different config: "
@@ -100,3 +161,20 @@ def restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
     applied = check_resume(saved, exp, latest, override=override)
     state, step = ckpt.restore(target, config=None if override else exp.to_dict())
     return state, step, applied
+
+
+def longer_hint(experiment: Experiment, step: int) -> str:
+    """How to train a run that finished at ``step`` twice as long: ``train.steps``, and
+    when that would move the learning rate of ``step``, the schedule's two choices."""
+    steps = 2 * step
+    longer = _with_span(experiment, steps, experiment.optim.schedule_steps)
+    old, new = learning_rate(experiment, step), learning_rate(longer, step)
+    hint = f"to train longer, rerun with train.steps={steps}"
+    if _same_rate(old, new):
+        return hint
+    name, span = experiment.optim.schedule, schedule_span(experiment)
+    return (
+        f"{hint} and either optim.schedule_steps={span} (keeps the {name} schedule: the rate "
+        f"stays at {old:.3g}) or --override-config (stretches it to {steps} steps: the rate at "
+        f"step {step} goes from {old:.3g} to {new:.3g})"
+    )

@@ -143,7 +143,12 @@ def build_run(experiment: Experiment) -> Run:
     return dataclasses.replace(_RUNS[key], experiment=experiment)
 
 
-def _schedule(experiment: Experiment):
+def schedule_span(experiment: Experiment) -> int:
+    """The steps a decaying schedule spans: ``optim.schedule_steps``, or ``train.steps``."""
+    return experiment.optim.schedule_steps or experiment.train.steps
+
+
+def make_run_schedule(experiment: Experiment):
     """The learning-rate schedule: one-line ConfigError for settings that do not fit."""
     m, o, t = experiment.model, experiment.optim, experiment.train
     try:
@@ -151,15 +156,16 @@ def _schedule(experiment: Experiment):
             o.schedule,
             peak_lr=o.learning_rate,
             warmup_steps=o.warmup_steps,
-            total_steps=t.steps,
+            total_steps=schedule_span(experiment),
             d_model=m.d_model,
             end_lr=o.end_learning_rate,
             decay_fraction=o.decay_fraction,
         )
     except ValueError as err:
+        span = f"optim.schedule_steps={o.schedule_steps}" if o.schedule_steps else ""
         raise ConfigError(
             f"optim.schedule={o.schedule!r} with optim.warmup_steps={o.warmup_steps} "
-            f"and train.steps={t.steps}: {err}"
+            f"and {span or f'train.steps={t.steps}'}: {err}"
         ) from None
 
 
@@ -167,7 +173,7 @@ def _build_run(experiment: Experiment) -> Run:
     m, o, t, d = experiment.model, experiment.optim, experiment.train, experiment.data
     model = build(m)
     source = _source(experiment, model)
-    schedule = _schedule(experiment)
+    schedule = make_run_schedule(experiment)
     try:
         evaluator = make_evaluator(m, source, batch_size=d.batch_size, num_examples=d.eval_examples)
     except (ValueError, InputError) as err:

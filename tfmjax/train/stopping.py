@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import jax
 
@@ -34,16 +35,24 @@ class Interrupted(Exception):
 _EXITING = threading.Lock()
 
 
-def _exit_now() -> None:
+def _exit_now(stop: StopSignals) -> None:
     """A second Ctrl-C: one line and exit 130 at once, from the handler or a thread.
 
-    No cleanup runs: a checkpoint being written stays an orbax tmp dir, which the next
-    run removes (saves are atomic, so the newest finished step is intact).
+    No cleanup runs but ``stop.on_exit_now`` (set by the training loop: it removes what a
+    run that saved nothing created, and says what the workdir holds): a checkpoint being
+    written stays an orbax tmp dir, which the next run removes (saves are atomic, so the
+    newest finished step is intact).
     """
     if not _EXITING.acquire(blocking=False):
         return  # the handler and the watcher both saw it: the other one exits
     try:
-        os.write(2, b"second Ctrl-C: exiting now; the last saved checkpoint is intact\n")
+        kept = "nothing new was saved"  # before the loop has a workdir: true of any
+        if stop.on_exit_now is not None:
+            try:
+                kept = stop.on_exit_now()
+            except Exception:  # noqa: BLE001  (exiting all the same)
+                kept = "the last saved checkpoint, if any, is intact"
+        os.write(2, f"second Ctrl-C: exiting now; {kept}\n".encode())
     finally:
         os._exit(130)
 
@@ -69,6 +78,13 @@ class StopSignals:
         self._previous = {}
         self._outer: StopSignals | None = None
         self._wakeup: tuple[int, int] | None = None  # (write fd, previous wakeup fd)
+        # set by the training loop: tidies and says what is saved (a second Ctrl-C's line)
+        self.on_exit_now: Callable[[], str] | None = None
+
+    @classmethod
+    def active(cls) -> StopSignals | None:
+        """The outermost StopSignals entered in this process (``train.py``'s), or None."""
+        return cls._active
 
     def __enter__(self):
         if StopSignals._active is not None:
@@ -90,7 +106,7 @@ class StopSignals:
         if self.requested and signum == signal.SIGINT:  # a second Ctrl-C
             if not self.exit_on_second:
                 raise KeyboardInterrupt
-            _exit_now()
+            _exit_now(self)
         if not self.requested:
             self.requested = signal.Signals(signum).name
             self._arm()
@@ -108,7 +124,9 @@ class StopSignals:
             os.close(write)
             return
         self._wakeup = (write, previous)
-        threading.Thread(target=_watch, args=(read,), name="second-ctrl-c", daemon=True).start()
+        threading.Thread(
+            target=_watch, args=(read, self), name="second-ctrl-c", daemon=True
+        ).start()
 
     def __exit__(self, *exc):
         if self._outer is not None:
@@ -126,12 +144,12 @@ class StopSignals:
             self._wakeup = None
 
 
-def _watch(read: int) -> None:
+def _watch(read: int, stop: StopSignals) -> None:
     """The armed watcher: the C-level handler writes each signal's number to the wakeup fd."""
     with os.fdopen(read, "rb", buffering=0) as pipe:
         while data := pipe.read(64):
             if signal.SIGINT.value in data:
-                _exit_now()
+                _exit_now(stop)
 
 
 class StopAgreement:
