@@ -9,9 +9,10 @@ first choice, then its second, then the next token's), so in a causal decoder wh
 is dropped depends on the tokens before it only (GShard's priority, all first choices before
 any second choice, would let a later token push out an earlier one's second choice). A choice
 past its expert's last slot is dropped: the token gets nothing from that expert, and a token
-dropped by all of its choices passes through the residual alone. Padding tokens (``token_mask`` 0) take no slot and count in no
-loss. Dispatch and combine are one-hot tensors ``[B,T,E,C]`` (``E`` experts, ``C`` slots);
-the experts' weights are stacked ``[E, ...]`` and split over the mesh axis ``expert``.
+dropped by all of its choices passes through the residual alone. Padding tokens
+(``token_mask`` 0) take no slot and count in no loss. Dispatch and combine are one-hot
+tensors ``[B,T,E,C]`` (``E`` experts, ``C`` slots); the experts' weights are stacked ``[E,
+...]`` and split over the mesh axis ``expert``.
 
 Gates: the router's softmax probability of each chosen expert (Switch), or, when
 ``renormalize``, those probabilities divided by their sum over the chosen experts

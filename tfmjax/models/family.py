@@ -96,7 +96,7 @@ class Family:
         reads them. Jitted (keyword arguments static): one compile costs a fraction of
         running the initialisers op by op (a 2-layer model: ~3 s against ~10 s on CPU), and
         gives the same bits."""
-        init = lambda rngs, *args: meta.unbox(nn.Module.init(self, rngs, *args, **kwargs))
+        init = lambda rngs, *args: meta.unbox(_model_variables(self, rngs, *args, **kwargs))
         return jax.jit(init)(rngs, *args)
 
     def param_axes(self, batch: dict | None = None):
@@ -104,7 +104,7 @@ class Family:
         names (``P("layers", "embed", "heads", "head_width")``); ``P()`` for a param with no
         names. Abstract: no memory, no compute. ``batch`` defaults to :meth:`dummy_batch`."""
         batch = self.dummy_batch() if batch is None else batch
-        boxed = jax.eval_shape(lambda: nn.Module.init(self, jax.random.key(0), batch))
+        boxed = jax.eval_shape(lambda: _model_variables(self, jax.random.key(0), batch))
         return nn.get_partition_spec(boxed)
 
     # -- training ----------------------------------------------------------------------
@@ -228,3 +228,10 @@ def moe_terms(sown: dict, cfg: ModelConfig):
         zip(MOE_METRICS, (mean["aux_loss"], mean["z_loss"], mean["dropped"]), strict=True)
     )
     return penalty.astype(jnp.float32), metrics
+
+
+def _model_variables(model, rngs, *args, **kwargs) -> dict:
+    """``nn.Module.init`` without the values the layers sow while it runs (the MoE losses
+    of :data:`MOE_COLLECTION`): what remains is the model's variables."""
+    variables = nn.Module.init(model, rngs, *args, **kwargs)
+    return {name: tree for name, tree in variables.items() if name != MOE_COLLECTION}
