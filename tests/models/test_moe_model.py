@@ -161,7 +161,7 @@ def test_train_step_adds_the_weighted_losses_to_the_objective():
     assert float(aux) > 0 and float(z) > 0
 
 
-def test_a_dense_model_keeps_its_window_and_program():
+def test_a_dense_model_keeps_its_window_and_logits():
     """No MoE: ``apply_with_aux`` is the plain ``apply`` and the log window has no MoE sums
     (so a checkpoint written before mixtures existed still restores)."""
     cfg = ModelConfig(**SMALL)

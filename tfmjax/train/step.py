@@ -76,6 +76,8 @@ def make_train_step(
             targets, mask = model.targets_and_mask(batch)
             sums = batch_sums(logits, targets, mask, label_smoothing)
             sums.update({f"{name}_sum": value * sums["tokens"] for name, value in aux.items()})
+            if not aux:  # a dense model: the objective is the loss alone
+                return sums["loss_sum"], sums
             return sums["loss_sum"] + penalty * sums["tokens"], sums
 
         grads, sums = jax.grad(loss_fn, has_aux=True)(params)
