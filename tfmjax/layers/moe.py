@@ -41,11 +41,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tfmjax.layers.axes import BATCH, EMBED, EXPERT, LENGTH, MLP, constrain, dense_inits, named
+from tfmjax.layers.axes import BATCH, EMBED, EXPERT, LENGTH, MLP, constrain, named
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.mlp import GATED, PLAIN
 
 COLLECTION = "moe"
+# Switch's router initialisation (Fedus et al. 2021, section 2.4): a tenth of the usual
+# fan-in variance, so the router starts near uniform and training is stable.
+ROUTER_INIT = nn.initializers.variance_scaling(0.1, "fan_in", "truncated_normal")
 METRICS = ("aux_loss", "z_loss", "dropped")  # what each MoE layer sows
 
 
@@ -126,8 +129,8 @@ class MoEFeedForward(nn.Module):
             E,
             use_bias=False,
             dtype=jnp.float32,
+            kernel_init=named(ROUTER_INIT, EMBED, None),
             name="router",
-            **dense_inits((EMBED, None), (None,)),
         )
         logits = hook(self, "hook_router_logits", router(x.astype(jnp.float32)))  # [B,T,E]
         probs = jax.nn.softmax(logits, axis=-1)
