@@ -17,7 +17,8 @@ B, T, D, F = 2, 6, 8, 12
 
 
 def moe_params(module, x, seed=0):
-    return {"params": nn.unbox(module.init(jax.random.key(seed), x)["params"])}
+    variables = jax.jit(module.init)(jax.random.key(seed), x)
+    return {"params": nn.unbox(variables["params"])}
 
 
 def dense_as_experts(dense: dict, num_experts: int) -> dict:
@@ -129,7 +130,7 @@ def test_outputs_losses_and_drops_match_a_token_by_token_reference(
     for name in ("up_bias", "down_bias", "gate_bias"):  # non-zero biases show in the output
         if name in params["params"]:
             params["params"][name] = jnp.asarray(RNG.normal(size=params["params"][name].shape))
-    y, sown = moe.apply(params, x, mask, mutable=[COLLECTION])
+    y, sown = jax.jit(lambda p, x: moe.apply(p, x, mask, mutable=[COLLECTION]))(params, x)
     cap = capacity(T, E, k, factor)
     assert cap == (T if factor == 0 else min(T, math.ceil(factor * T * k / E)))
     want_y, aux, z, dropped = numpy_moe(
@@ -189,9 +190,10 @@ def test_gradients_match_a_token_by_token_reference(k, factor, renormalize):
     def reference(p, x):
         return jnp.sum(loop_moe(p, x, mask, routes, cap, renormalize) * weights)
 
-    np.testing.assert_allclose(fused(params, x), reference(params, x), rtol=1e-5)
-    got = jax.grad(fused, argnums=(0, 1))(params, x)
-    want = jax.grad(reference, argnums=(0, 1))(params, x)
+    got = jax.jit(jax.value_and_grad(fused, argnums=(0, 1)))(params, x)
+    want = jax.jit(jax.value_and_grad(reference, argnums=(0, 1)))(params, x)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    got, want = got[1], want[1]
     flat_got, flat_want = jax.tree.leaves(got), jax.tree.leaves(want)
     assert len(flat_got) == len(flat_want)
     for g, w in zip(flat_got, flat_want, strict=True):
