@@ -4,6 +4,10 @@ Batches (NumPy or JAX, fixed shapes) are in the model family's ``batch_format``;
 says which ids its logits predict and how much each counts (``model.targets_and_mask``:
 every non-padding target for encoder-decoder, the answer only for decoder-only).
 
+A mixture-of-experts model (``model.aux_metric_names``) adds its weighted auxiliary losses
+per token to the objective (``model.apply_with_aux``), and the token-weighted sums of its
+router metrics to the log window (``moe_*_sum``; the means land in ``metrics.jsonl``).
+
 One step = one optimizer update on the whole batch. ``grad_accum_steps = k`` splits the
 batch into k micro-batches of B/k rows, scanned, to save activation memory; the gradient
 is the token-weighted mean over the whole batch either way (sums first, one division).
