@@ -174,3 +174,19 @@ def test_a_dense_model_keeps_its_window_and_logits():
     assert float(penalty) == 0.0 and metrics == {}
     replaced = dataclasses.replace(cfg, moe_top_k=2)  # moe_* fields alone change nothing
     np.testing.assert_array_equal(build(replaced).apply(state.params, data), logits)
+
+
+def test_a_config_saved_before_mixtures_loads_as_dense_and_resumes_unchanged():
+    """A checkpoint's config without the ``moe_*`` fields and ``mesh.expert``: they load as
+    their defaults (dense, expert axis 1) and a resume sees no config change."""
+    from tfmjax.config import from_dict, load
+    from tfmjax.train.resume import config_changes
+
+    now = load("configs/reverse_decoder.toml", [])
+    saved = now.to_dict()
+    for key in [k for k in saved["model"] if k.startswith("moe_")]:
+        del saved["model"][key]
+    del saved["mesh"]["expert"]
+    old = from_dict(saved)
+    assert old.model.moe_experts == 0 and old.mesh.expert == 1
+    assert config_changes(saved, now) == ([], [])
