@@ -78,9 +78,10 @@ def numpy_expert(params, e, x, activation):
     return h @ p["down"] + p["down_bias"]
 
 
-def numpy_moe(params, x, mask, E, k, cap, activation, renormalize):
+def numpy_moe(params, x, mask, E, k, factor, activation, renormalize):
     """Token by token, in order: each real token's top-k experts by router probability, a
-    choice kept while its expert has a free slot in this row. Returns (y, aux, z, dropped)."""
+    choice kept while its expert has a free slot in this row (the capacity of its real
+    tokens). Returns (y, aux, z, dropped)."""
     router = np.asarray(params["router"]["kernel"], np.float64)
     logits = x @ router
     probs = softmax(logits)
@@ -88,6 +89,7 @@ def numpy_moe(params, x, mask, E, k, cap, activation, renormalize):
     counts_f, chosen_n, dropped_n = np.zeros(E), 0, 0
     for b in range(x.shape[0]):
         used = np.zeros(E, int)
+        cap = capacity(int(mask[b].sum()), E, k, factor)  # from the row's real tokens
         for t in range(x.shape[1]):
             if not mask[b, t]:
                 continue
@@ -131,10 +133,8 @@ def test_outputs_losses_and_drops_match_a_token_by_token_reference(
         if name in params["params"]:
             params["params"][name] = jnp.asarray(RNG.normal(size=params["params"][name].shape))
     y, sown = jax.jit(lambda p, x: moe.apply(p, x, mask, mutable=[COLLECTION]))(params, x)
-    cap = capacity(T, E, k, factor)
-    assert cap == (T if factor == 0 else min(T, math.ceil(factor * T * k / E)))
     want_y, aux, z, dropped = numpy_moe(
-        params["params"], x.astype(np.float64), mask, E, k, cap, activation, renormalize
+        params["params"], x.astype(np.float64), mask, E, k, factor, activation, renormalize
     )
     np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-5)
     got = {name: float(value[0]) for name, value in sown[COLLECTION].items()}
@@ -148,12 +148,14 @@ def test_outputs_losses_and_drops_match_a_token_by_token_reference(
     np.testing.assert_array_equal(np.asarray(y)[1, :2], 0.0)  # padding gets nothing
 
 
-def loop_moe(params, x, mask, routes, cap, renormalize):
+def loop_moe(params, x, mask, routes, factor, renormalize):
     """Plain JAX, one token at a time, for ``jax.grad``: ``routes[b][t]`` are the token's
     experts (chosen outside, they are discrete), gates from the router's softmax."""
     rows = []
+    E, k = params["up"].shape[0], len(routes[0][0])
     for b in range(x.shape[0]):
-        used, outs = [0] * params["up"].shape[0], []
+        used, outs = [0] * E, []
+        cap = capacity(int(mask[b].sum()), E, k, factor)
         for t in range(x.shape[1]):
             out = jnp.zeros(x.shape[-1])
             if mask[b, t]:
@@ -181,14 +183,13 @@ def test_gradients_match_a_token_by_token_reference(k, factor, renormalize):
     params = moe_params(moe, x)["params"]
     probs = softmax(np.asarray(x) @ np.asarray(params["router"]["kernel"]))
     routes = np.argsort(-probs, axis=-1, kind="stable")[..., :k].tolist()
-    cap = capacity(T, E, k, factor)
     weights = jnp.asarray(RNG.normal(size=(B, T, D)), jnp.float32)
 
     def fused(p, x):
         return jnp.sum(moe.apply({"params": p}, x, mask) * weights)
 
     def reference(p, x):
-        return jnp.sum(loop_moe(p, x, mask, routes, cap, renormalize) * weights)
+        return jnp.sum(loop_moe(p, x, mask, routes, factor, renormalize) * weights)
 
     got = jax.jit(jax.value_and_grad(fused, argnums=(0, 1)))(params, x)
     want = jax.jit(jax.value_and_grad(reference, argnums=(0, 1)))(params, x)
@@ -220,6 +221,7 @@ def test_capacity_formula():
     assert capacity(10, 8, 1, 1.0) == 2  # ceil(1.25) rounds up
     assert capacity(16, 4, 2, 0.0) == 16  # dropless
     assert capacity(4, 2, 2, 8.0) == 4  # never more slots than tokens
+    assert capacity(6, 4, 1, 1.0) == 2 and capacity(4, 4, 1, 1.0) == 1  # ceil(1.5), ceil(1)
 
 
 def test_bfloat16_compute_follows_float32():

@@ -190,3 +190,32 @@ def test_a_config_saved_before_mixtures_loads_as_dense_and_resumes_unchanged():
     old = from_dict(saved)
     assert old.model.moe_experts == 0 and old.mesh.expert == 1
     assert config_changes(saved, now) == ([], [])
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_capacity_dropping_is_causal_and_blind_to_left_padding(top_k):
+    """With a capacity that drops choices (factor 0.5): a changed future token never changes
+    an earlier logit (slots go in token order), and left padding (segment id 0, which takes no
+    slot) leaves the real tokens' logits as they are unpadded."""
+    cfg = ModelConfig(
+        **dict(SMALL, num_layers=2), moe_experts=4, moe_top_k=top_k, moe_capacity_factor=0.5
+    )
+    model = build(cfg)
+    ids = jnp.asarray(np.random.default_rng(1).integers(3, 16, size=(2, 8)), jnp.int32)
+    params = model.init(jax.random.key(2), {"tokens": ids})
+    forward = jax.jit(model.apply_with_aux)
+    logits, _, metrics = forward(params, {"tokens": ids})
+    assert float(metrics["moe_dropped_fraction"]) > 0  # the case drops
+    changed = ids.at[:, 5:].set((ids[:, 5:] + 1 - 3) % 13 + 3)
+    new_logits = forward(params, {"tokens": changed})[0]
+    np.testing.assert_allclose(new_logits[:, :6], logits[:, :6], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(new_logits[:, 6:], logits[:, 6:], atol=1e-3)
+
+    pad = 3
+    padded = {
+        "tokens": jnp.pad(ids, ((0, 0), (pad, 0))),
+        "segment_ids": jnp.pad(jnp.ones_like(ids), ((0, 0), (pad, 0))),
+        "positions": jnp.pad(jnp.broadcast_to(jnp.arange(8), ids.shape), ((0, 0), (pad, 0))),
+    }
+    got = forward(params, padded)[0][:, pad:]
+    np.testing.assert_allclose(got, logits, rtol=1e-5, atol=1e-5)

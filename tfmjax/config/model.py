@@ -130,8 +130,8 @@ class ModelConfig:
     )
     moe_capacity_factor: float = option(
         1.25,
-        help="MoE: slots per expert = ceil(factor * T * top_k / E) per sequence; tokens over "
-        "it skip the feed-forward (residual only); 0 = dropless (T slots)",
+        help="MoE: slots per expert = ceil(factor * n * top_k / E) in a sequence of n tokens "
+        "(padding aside); tokens over it skip the feed-forward (residual only); 0 = dropless",
     )
     moe_renormalize: bool | None = option(
         None,

@@ -2,15 +2,16 @@
 feed-forward experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch, Fedus et
 al. 2021; Mixtral, Jiang et al. 2024).
 
-Each sequence is a group (GShard's groups): expert ``e`` has ``C`` slots per sequence,
-``C = ceil(capacity_factor * T * top_k / E)``, or ``C = T`` when ``capacity_factor = 0``
-(dropless: a token never chooses one expert twice). Slots are taken in token order (a token's
-first choice, then its second, then the next token's), so in a causal decoder whether a token
-is dropped depends on the tokens before it only (GShard's priority, all first choices before
-any second choice, would let a later token push out an earlier one's second choice). A choice
-past its expert's last slot is dropped: the token gets nothing from that expert, and a token
-dropped by all of its choices passes through the residual alone. Padding tokens
-(``token_mask`` 0) take no slot and count in no loss. Dispatch and combine are one-hot
+Each sequence is a group (GShard's groups): expert ``e`` has ``ceil(capacity_factor * n *
+top_k / E)`` slots in a sequence of ``n`` tokens (padding not counted, so padding changes
+nothing), or ``n`` when ``capacity_factor = 0`` (dropless: a token never chooses one expert
+twice); ``C``, the slots held in the tensors, is that of ``T``. Slots are taken in token order
+(a token's first choice, then its second, then the next token's), so in a causal decoder
+whether a token is dropped depends on the tokens before it only (GShard's priority, all first
+choices before any second choice, would let a later token push out an earlier one's second
+choice). A choice past its expert's last slot is dropped: the token gets nothing from that
+expert, and a token dropped by all of its choices passes through the residual alone. Padding
+tokens (``token_mask`` 0) take no slot and count in no loss. Dispatch and combine are one-hot
 tensors ``[B,T,E,C]`` (``E`` experts, ``C`` slots); the experts' weights are stacked ``[E,
 ...]`` and split over the mesh axis ``expert``.
 
@@ -61,21 +62,25 @@ def capacity(tokens: int, num_experts: int, top_k: int, capacity_factor: float) 
     return max(1, min(tokens, slots))
 
 
-def route(choices, gates, token_mask, num_experts: int, slots: int):
+def route(choices, gates, token_mask, num_experts: int, capacity_factor: float):
     """Dispatch and combine tensors of the router's choices, with capacity.
 
     ``choices, gates [B,T,k]`` (expert ids, weights), ``token_mask [B,T]`` (1 = a token) ->
     ``(dispatch [B,T,E,C], combine [B,T,E,C], chosen [B,T,k,E], kept [B,T,k,E])``: ``dispatch``
     is 1 where a token fills a slot, ``combine`` the gate there; ``chosen`` marks each choice of
-    a real token, ``kept`` those that found a slot."""
+    a real token, ``kept`` those that found a slot. Row ``b`` has :func:`capacity` of its own
+    token count slots per expert (padding changes no row's capacity); ``C`` is that of ``T``."""
     B, T, k = choices.shape
-    chosen = jax.nn.one_hot(choices, num_experts, dtype=jnp.float32)
-    chosen = chosen * token_mask.astype(jnp.float32)[:, :, None, None]  # [B,T,k,E]
+    mask = token_mask.astype(jnp.float32)
+    chosen = jax.nn.one_hot(choices, num_experts, dtype=jnp.float32) * mask[:, :, None, None]
     # Slot of each choice in its expert: in token order (a token's first choice before its
     # second), so whether a token is dropped depends on the tokens before it only (causal).
     slot = jnp.cumsum(chosen.reshape(B, T * k, num_experts), axis=1) - 1.0
     slot = slot.reshape(B, T, k, num_experts)
-    kept = chosen * (slot < slots).astype(jnp.float32)
+    by_count = jnp.asarray([capacity(n, num_experts, k, capacity_factor) for n in range(T + 1)])
+    row_slots = by_count[jnp.sum(mask, axis=1).astype(jnp.int32)]  # [B]
+    kept = chosen * (slot < row_slots[:, None, None, None]).astype(jnp.float32)
+    slots = capacity(T, num_experts, k, capacity_factor)
     slot_of_choice = jnp.sum(slot * kept, axis=-1).astype(jnp.int32)  # [B,T,k]
     slot_hot = jax.nn.one_hot(slot_of_choice, slots, dtype=jnp.float32)  # [B,T,k,C]
     dispatch = jnp.sum(kept[..., None] * slot_hot[:, :, :, None, :], axis=2)
@@ -139,8 +144,7 @@ class MoEFeedForward(nn.Module):
         if self.renormalize:
             gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
         gates = hook(self, "hook_expert_weights", gates)
-        slots = capacity(T, E, k, self.capacity_factor)
-        dispatch, combine, chosen, kept = route(choices, gates, mask, E, slots)
+        dispatch, combine, chosen, kept = route(choices, gates, mask, E, self.capacity_factor)
         for name, value in router_losses(logits, probs, chosen, kept, mask).items():
             self.sow(COLLECTION, name, value)
         xe = jnp.einsum("BTEC,BTD->EBCD", dispatch.astype(self.dtype), x.astype(self.dtype))
