@@ -1,10 +1,16 @@
 """Expert parallelism: a mixture-of-experts model trained on a ``data x expert`` mesh (2 and
 4 of the suite's simulated CPU devices) equals training on one device, with each device
-holding only its experts; a mesh that cannot split the experts is refused in one line."""
+holding only its experts; ``train.py`` runs in a process of exactly 2 devices; a mesh that
+cannot split the experts is refused in one line."""
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -88,3 +94,27 @@ def test_experts_that_do_not_split_are_refused_in_one_line():
     exp = experiment(1, 3, ["model.moe_experts=4"])
     with pytest.raises(ConfigError, match=r"^mesh.expert=3 does not divide model.moe_experts=4"):
         Placement.for_run(exp, jax.devices()[:3])
+
+
+def test_train_py_on_two_devices_with_the_experts_split(tmp_path):
+    """``train.py`` in a process that has exactly 2 CPU devices (XLA_FLAGS), on
+    ``mesh.expert=2``: it names the mesh, trains, evaluates, and logs the router metrics."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    overrides = [o for o in SMALL if not o.startswith("train.steps")]
+    args = ["mesh.expert=2", "train.steps=4", "train.log_every=2", "train.eval_every=4"]
+    args += ["train.checkpoint_every=4", f"train.workdir={tmp_path}"]
+    done = subprocess.run(
+        [sys.executable, "train.py", "configs/reverse_decoder.toml", *overrides, *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "mesh data=1 x fsdp=1 x expert=2 x tensor=1: 2 of 2 cpu devices" in done.stdout
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    train = [r for r in map(json.loads, lines) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [2, 4]
+    assert all(0 < r["moe_aux_loss"] <= 4 and 0 <= r["moe_dropped_fraction"] <= 1 for r in train)
