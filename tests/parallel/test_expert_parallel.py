@@ -88,6 +88,9 @@ def test_expert_parallel_training_equals_one_device(mesh):
     assert experts == 4
     # the batch is split over data x expert
     assert run.placement.batch.spec[0] == ("data", "fsdp", "expert")
+    if mesh == (1, 2):  # tokens travel to their experts' devices (GShard's all-to-all)
+        compiled = run.train_step.lower(state, run.device_batch(0)).compile().as_text()
+        assert " all-to-all(" in compiled
 
 
 def test_experts_that_do_not_split_are_refused_in_one_line():
