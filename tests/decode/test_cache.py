@@ -30,6 +30,10 @@ DECODER_ONLY = [
     ("tiny-mla", {"position": "alibi", "q_rank": None, "rope_dim": None, "window": 4}),
     ("tiny-linear", {}),  # recurrent state
     ("tiny-linear", {"feature_map": "favor", "num_features": 16, "num_kv_heads": 2}),
+    ("tiny-mixtral", {}),  # mixture of experts: top-2, dropless, every block
+    # top-1 every other block (a scanned stack of 2-block groups); dropless: with a capacity
+    # the prefill could drop a token that one-token steps never drop
+    ("tiny-switch", {"moe_capacity_factor": 0.0, "num_layers": 4}),
 ]
 ENCODER_DECODER = [
     ("tiny-vaswani", {}),  # sinusoidal, post-norm
@@ -39,6 +43,7 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"position": "relative", "window": 2, "scan_layers": False}),
     ("tiny-vaswani", {"attention": "mla", "kv_rank": 24, "global_tokens": 1}),
     ("tiny-vaswani", {"attention": "linear", "position": "rope", "num_kv_heads": 1}),
+    ("tiny-vaswani", {"moe_experts": 4, "moe_top_k": 2, "moe_capacity_factor": 0.0}),
 ]
 STEPS = 5
 TOL = dict(rtol=1e-5, atol=1e-5)

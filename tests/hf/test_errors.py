@@ -113,6 +113,8 @@ def test_export_refuses_what_no_architecture_computes(tmp_path):
         hf.save(cfg, {}, tmp_path, arch="llama")
     with pytest.raises(hf.HFError, match="architecture 'gemma' is not one of"):
         hf.save(ModelConfig(), {}, tmp_path, arch="gemma")
+    with pytest.raises(hf.HFError, match=r"^model.moe_experts=4: no Hugging Face architecture"):
+        hf.save(preset("tiny-mixtral"), {}, tmp_path, arch="llama")
 
 
 def test_export_of_params_that_do_not_fit_the_config(tmp_path):

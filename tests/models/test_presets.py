@@ -41,9 +41,18 @@ def closed_form(c):
     total += c.max_len * D if c.position == "learned" else 0
     total += 0 if c.tie_embeddings else V * D  # untied output projection
     total += ln if c.norm_position == "pre" else 0  # final norm
+    # A mixture-of-experts layer: E feed-forwards and the router (D x E, no bias), every
+    # moe_every-th layer.
+    moe_mlp = c.moe_experts * mlp + D * c.moe_experts
+
+    def mixtures(layers):
+        return layers // c.moe_every if c.moe_experts else 0
+
     encoder_layer = attn + mlp + 2 * ln
+    total += mixtures(c.num_layers) * (moe_mlp - mlp)
     if c.family == "encoder_decoder":
         decoder_layer = 2 * attn + mlp + 3 * ln
+        total += mixtures(c.decoder_layers) * (moe_mlp - mlp)
         total += c.num_layers * encoder_layer + c.decoder_layers * decoder_layer
         total += ln if c.norm_position == "pre" else 0  # encoder's final norm
         total += 2 * c.relative_buckets * N if c.position == "relative" else 0
@@ -103,9 +112,19 @@ def _bert_base() -> int:
     return V * D + T * D + L * (attention + mlp + 2 * (2 * D))  # post-norm, tied
 
 
+def _mixtral_8x7b() -> int:
+    # Mixtral 8x7B as published (46,702,792,704 parameters in its Hugging Face checkpoint).
+    V, D, L, F, E = 32000, 4096, 32, 14336, 8
+    N, K, H = 32, 8, 128
+    attention = D * N * H + 2 * D * K * H + N * H * D
+    experts = E * 3 * D * F + D * E  # 8 SwiGLU experts and the router
+    return 2 * V * D + L * (attention + experts + 2 * D) + D
+
+
 @pytest.mark.parametrize(
     "name, formula, expected",
     [
+        ("mixtral-8x7b", _mixtral_8x7b, 46_702_792_704),
         ("gpt2-small", _gpt2_small, 124_439_808),  # the published GPT-2 small count
         ("vaswani-base", lambda: _vaswani(512, 2048), 63_082_496),  # "65M" in the paper
         ("vaswani-big", lambda: _vaswani(1024, 4096), 214_245_376),  # "213M"

@@ -82,7 +82,7 @@ def workdir(tmp_path_factory):
 def test_fit_mesh_shrinks_data_then_tensor_then_fsdp(sizes, devices, every_device, want):
     cfg = MeshConfig(*sizes)
     got = fit_mesh(cfg, devices, every_device)
-    assert tuple(got.values()) == want
+    assert (got["data"], got["fsdp"], got["tensor"]) == want and got["expert"] == 1
 
 
 def _shard_shapes(params) -> dict[str, tuple]:
@@ -108,7 +108,7 @@ def test_params_restore_onto_the_checkpoints_mesh_split_as_the_rules_say(workdir
     monkeypatch.setattr(inference, "params_hash", spy)
     loaded = load_on_mesh(workdir)
     assert loaded.step == 3 and loaded.note is None
-    assert dict(loaded.placement.mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert dict(loaded.placement.mesh.shape) == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
     shards = _shard_shapes(loaded.params)
     # [V=16, D=32]: vocabulary over tensor, embed over fsdp; [1, D, N=4, H=8]: embed over
     # fsdp, heads over tensor; [1, F=64, D]: FFN width over tensor, embed over fsdp.
@@ -131,7 +131,7 @@ def test_the_mesh_shrinks_to_the_devices_present_or_follows_the_overrides(workdi
     """One device: the 2x2x2 checkpoint loads onto one device, saying so in one line;
     mesh.* overrides apply on top of the checkpoint's mesh; others are refused."""
     loaded = load_on_mesh(workdir, devices=jax.devices()[:1])
-    assert dict(loaded.placement.mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
+    assert dict(loaded.placement.mesh.shape) == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
     assert set(_shard_shapes(loaded.params).values()) == {
         leaf.shape for leaf in jax.tree.leaves(loaded.params)
     }  # whole on the one device
@@ -140,7 +140,7 @@ def test_the_mesh_shrinks_to_the_devices_present_or_follows_the_overrides(workdi
     )
     experiment = from_dict(loaded.config)
     placement, note = inference_placement(experiment, ["mesh.data=1", "mesh.fsdp=-1"])
-    assert dict(placement.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert dict(placement.mesh.shape) == {"data": 1, "fsdp": 4, "expert": 1, "tensor": 2}
     assert "mesh data=1 x fsdp=4 x tensor=2, not the checkpoint's" in note
     for overrides, message in [
         (["model.d_model=8"], "only mesh.* settings"),
@@ -188,7 +188,7 @@ def test_generate_on_the_mesh_equals_one_device(workdir, capsys, monkeypatch):
     text_run = capsys.readouterr()
     monkeypatch.undo()
     assert ids_run.err == text_run.err == ""  # the checkpoint's own mesh: no line
-    mesh = {"data": 2, "fsdp": 2, "tensor": 2}
+    mesh = {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
     assert seen == [(mesh, mesh), (mesh, mesh)]
 
     config, params, _ = load_for_inference(workdir)  # one device, no mesh in force

@@ -233,7 +233,7 @@ def test_minus_one_takes_the_rest_and_kv_heads_that_do_not_split_stay_whole():
         CONFIGS["decoder_only"], [*SMALL, "mesh.data=2", "mesh.tensor=-1", "model.num_kv_heads=2"]
     )
     placement = Placement.for_run(exp)
-    assert dict(placement.mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 4}
+    assert dict(placement.mesh.shape) == {"data": 2, "fsdp": 1, "expert": 1, "tensor": 4}
     assert "kv_heads" not in dict(placement.rules)  # 2 kv heads on 4 devices: replicated
     assert dict(placement.rules)["heads"] == "tensor"
 

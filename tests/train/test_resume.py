@@ -16,7 +16,12 @@ from tfmjax.train.loop import train
 STEPS = 12
 
 
-def experiment(family: str, workdir) -> object:
+# A mixture of experts (top-2 of 4, a capacity that drops) resumes bit-exact too: its log
+# window carries the router metrics' sums.
+MOE = {"moe_experts": 4, "moe_top_k": 2, "moe_capacity_factor": 1.0}
+
+
+def experiment(family: str, workdir, **model) -> object:
     return from_dict(
         {
             "model": {
@@ -28,6 +33,7 @@ def experiment(family: str, workdir) -> object:
                 "num_layers": 1,
                 "dropout_rate": 0.1,
                 "tie_embeddings": False,
+                **model,
             },
             "optim": {"learning_rate": 3e-3, "warmup_steps": 2},
             "data": {
@@ -87,15 +93,19 @@ def run_recording(exp, **kw):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
-def test_stop_crash_resume_is_bit_exact(tmp_path, family):
+@pytest.mark.parametrize(
+    "family, model",
+    [("encoder_decoder", {}), ("decoder_only", {}), ("decoder_only", MOE)],
+    ids=["encoder_decoder", "decoder_only", "decoder_only_moe"],
+)
+def test_stop_crash_resume_is_bit_exact(tmp_path, family, model):
     """SIGTERM at 5, a crash after 10, a rerun: each run starts where it must (6, then 9 from
     checkpoint 8) and the end is bit-identical to a straight run, params and records."""
-    straight = experiment(family, tmp_path / "straight")
+    straight = experiment(family, tmp_path / "straight", **model)
     result = run(straight)
     assert result["step"] == STEPS and not result["stopped"]
 
-    broken = experiment(family, tmp_path / "broken")
+    broken = experiment(family, tmp_path / "broken", **model)
     first, steps, _ = run_recording(broken, on_step=sigterm_at(5))  # mid log window (3 | 6)
     assert first == {**first, "step": 5, "stopped": True} and steps == [1, 2, 3, 4, 5]
     crashed = []  # the steps the second run ran: it resumed from 5, the SIGTERM save
@@ -119,6 +129,8 @@ def test_stop_crash_resume_is_bit_exact(tmp_path, family):
     assert records_a == records_b
     assert [r["step"] for r in records_a if r["split"] == "train"] == [3, 6, 9, 12]
     assert [r["step"] for r in records_a if r["split"] == "eval"] == [6, 12]
+    if model:
+        assert all("moe_aux_loss" in r for r in records_a if r["split"] == "train")
 
 
 def _corrupt_arrays(step_dir):

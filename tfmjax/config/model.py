@@ -18,6 +18,7 @@ from tfmjax.config.choices import (
     POSITIONS,
 )
 from tfmjax.config.fields import option
+from tfmjax.config.moe_checks import check_moe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,29 @@ class ModelConfig:
         "elu", help="linear attention feature map: elu (elu+1) or favor (FAVOR+)"
     )
     num_features: int = option(64, help="linear attention with favor: random features F")
+    moe_experts: int = option(
+        0, help="mixture of experts: experts E per MoE feed-forward; 0 = dense feed-forwards"
+    )
+    moe_top_k: int = option(1, help="MoE: experts per token (1 = Switch, 2 = GShard/Mixtral)")
+    moe_every: int = option(
+        1, help="MoE: every n-th block's feed-forward is a mixture (blocks n-1, 2n-1, ...)"
+    )
+    moe_capacity_factor: float = option(
+        1.25,
+        help="MoE: slots per expert = ceil(factor * n * top_k / E) in a sequence of n tokens "
+        "(padding aside); tokens over it skip the feed-forward (residual only); 0 = dropless",
+    )
+    moe_renormalize: bool | None = option(
+        None,
+        help="MoE: gates renormalised over the chosen experts; none = for top_k > 1 "
+        "(GShard/Mixtral), raw router probability for top_k = 1 (Switch)",
+    )
+    moe_aux_loss_weight: float = option(
+        0.01, help="MoE: weight of the Switch load-balancing loss E * sum_i f_i * P_i"
+    )
+    moe_z_loss_weight: float = option(
+        0.001, help="MoE: weight of the ST-MoE router z-loss, mean logsumexp(router logits)^2"
+    )
     attention_impl: str = option(
         "auto",
         help="auto, reference, xla, blockwise, pallas or cudnn (CUDA only; bfloat16; causal, "
@@ -154,6 +178,7 @@ class ModelConfig:
         self._check_attention_system()
         self._check_heads_and_positions()
         self._check_embeddings_and_layers()
+        check_moe(self)
         if self.attention_impl == "cudnn":
             self._check_cudnn()
 
@@ -394,6 +419,12 @@ class ModelConfig:
     @property
     def mlp_uses_bias(self) -> bool:
         return self.use_bias if self.mlp_bias is None else self.mlp_bias
+
+    @property
+    def moe_renormalizes(self) -> bool:
+        """Whether MoE gates are renormalised over the chosen experts (``moe_renormalize``
+        resolved: by default for ``moe_top_k > 1``)."""
+        return self.moe_top_k > 1 if self.moe_renormalize is None else self.moe_renormalize
 
     @property
     def decoder_layers(self) -> int:

@@ -53,6 +53,22 @@ _BERT = dict(
     tie_embeddings=True,
     norm_eps=1e-12,
 )
+_SWITCH = dict(
+    moe_experts=4,
+    moe_top_k=1,
+    moe_every=2,
+    moe_capacity_factor=1.25,
+    moe_aux_loss_weight=0.01,
+    moe_z_loss_weight=0.0,
+)
+_MIXTRAL = dict(
+    moe_experts=8,
+    moe_top_k=2,
+    moe_every=1,
+    moe_capacity_factor=0.0,
+    moe_aux_loss_weight=0.02,
+    moe_z_loss_weight=0.0,
+)
 _TINY = dict(vocab_size=32, d_model=64, num_heads=4, d_ff=256, num_layers=2, max_len=128)
 
 PRESETS: dict[str, dict] = {
@@ -92,6 +108,28 @@ PRESETS: dict[str, dict] = {
     ),
     # Linear attention with the elu+1 feature map (Katharopoulos et al. 2020).
     "tiny-linear": dict(_GPT2, **_TINY, attention="linear", feature_map="elu"),
+    # Mixtral 8x7B (Jiang et al. 2024): LLaMA-style blocks whose SwiGLU feed-forwards are 8
+    # experts, 2 per token, dropless; 46.7B parameters, about 12.9B active per token.
+    "mixtral-8x7b": dict(
+        _LLAMA,
+        vocab_size=32000,
+        d_model=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        d_ff=14336,
+        num_layers=32,
+        max_len=32768,
+        rope_base=1e6,
+        norm_eps=1e-5,
+        **_MIXTRAL,
+    ),
+    # A small Switch-style decoder (Fedus et al. 2021): every other feed-forward is 4 experts,
+    # one per token, capacity factor 1.25, load-balancing loss 0.01.
+    "tiny-switch": dict(_GPT2, **_TINY, **_SWITCH),
+    # A small Mixtral-style decoder: RoPE, RMSNorm, GQA, 4 SwiGLU experts, top-2, dropless.
+    "tiny-mixtral": dict(
+        _LLAMA, **dict(_TINY, d_ff=96), num_kv_heads=2, **dict(_MIXTRAL, moe_experts=4)
+    ),
 }
 
 

@@ -139,7 +139,8 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """How the run spreads over devices: a ``data x fsdp x tensor`` mesh and a rule set.
+    """How the run spreads over devices: a ``data x fsdp x expert x tensor`` mesh and a rule
+    set.
 
     ``-1`` (at most one axis) means "the devices the other axes leave". The default is one
     device. The mesh is not part of the model: a checkpoint restores onto any mesh.
@@ -155,6 +156,11 @@ class MeshConfig:
     )
     tensor: int = option(
         1, help="tensor-parallel devices (heads, FFN, vocabulary split); -1: the rest"
+    )
+    expert: int = option(
+        1,
+        help="expert-parallel devices (the experts of MoE layers split, a slice of the batch); "
+        "-1: the rest",
     )
     rules: str = option(
         "standard", help="standard (params sharded as the mesh says) or replicated (params whole)"

@@ -53,7 +53,7 @@ def evaluate_checkpoint(
     from tfmjax.parallel.mesh import mesh_text
 
     path = Path(path)
-    context, shape = contextlib.nullcontext(), {"data": 1, "fsdp": 1, "tensor": 1}
+    context, shape = contextlib.nullcontext(), {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
     if mesh is None:
         config, params, step = load_for_inference(path)
     else:

@@ -142,6 +142,11 @@ def _mismatches(cfg: ModelConfig, arch: Architecture) -> list[str]:
 
 def architecture_for(cfg: ModelConfig, name: str | None = None) -> Architecture:
     """The HF architecture that computes exactly what ``cfg`` does (``name``: that one)."""
+    if cfg.moe_experts:
+        raise HFError(
+            f"model.moe_experts={cfg.moe_experts}: no Hugging Face architecture tfmjax maps "
+            "holds a mixture of experts; only dense models export"
+        )
     if name is not None and name not in ARCHITECTURES:
         raise HFError(f"architecture {name!r} is not one of {', '.join(ARCHITECTURES)}")
     candidates = [ARCHITECTURES[name]] if name else list(ARCHITECTURES.values())

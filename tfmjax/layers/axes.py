@@ -23,8 +23,9 @@ HEAD_WIDTH = "head_width"  # H
 MLP = "mlp"  # the FFN width F
 VOCAB = "vocab"
 LAYERS = "layers"  # the leading axis of a scanned stack's params
+EXPERT = "expert"  # the experts E of a mixture-of-experts feed-forward
 
-AXES = (BATCH, LENGTH, EMBED, HEADS, KV_HEADS, HEAD_WIDTH, MLP, VOCAB, LAYERS)
+AXES = (BATCH, LENGTH, EMBED, HEADS, KV_HEADS, HEAD_WIDTH, MLP, VOCAB, LAYERS, EXPERT)
 
 
 class LogicalNames(meta.Partitioned):

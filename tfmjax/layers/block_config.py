@@ -42,6 +42,10 @@ class BlockConfig(NamedTuple):
     num_features: int = 64  # linear attention with favor
     scale_attention: bool = True  # logits times 1/sqrt(head_dim); False: unscaled
     attention_impl: str = "auto"
+    moe_experts: int = 0  # experts of the blocks whose feed-forward is a mixture
+    moe_top_k: int = 1
+    moe_capacity_factor: float = 1.25
+    moe_renormalize: bool = False  # resolved from the config's None
     dtype: Any = jnp.float32
 
     @property

@@ -23,6 +23,7 @@ from tfmjax.layers.axes import BATCH, EMBED, LENGTH, constrain
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.mlp import FeedForward
+from tfmjax.layers.moe import MoEFeedForward
 from tfmjax.layers.norms import make_norm
 
 # The hook on each sublayer's output (before dropout and the residual sum).
@@ -68,6 +69,7 @@ def residual(
 class _Block(nn.Module):
     cfg: BlockConfig
     deterministic: bool = True
+    moe: bool = False  # the feed-forward is a mixture of experts (cfg.moe_*)
 
     def _self_attention(self, name: str):
         """The block's self-attention, of the variant ``cfg.attention``."""
@@ -85,17 +87,27 @@ class _Block(nn.Module):
             out_hook=lambda y: hook(self, _OUT_HOOKS[name], y),
         )
 
-    def _feed_forward(self, x):
+    def _feed_forward(self, x, segment_ids=None):
+        """The feed-forward sublayer: dense, or a mixture of experts when ``moe`` (padding,
+        ``segment_ids`` 0, is routed nowhere)."""
         c = self.cfg
-        ff = FeedForward(
-            c.d_ff,
-            c.activation,
-            mlp_bias=c.mlp_bias,
-            dropout_rate=c.dropout_rate,
-            dtype=c.dtype,
-            name="mlp",
+        common = dict(mlp_bias=c.mlp_bias, dropout_rate=c.dropout_rate, dtype=c.dtype, name="mlp")
+        if self.moe:
+            ff = MoEFeedForward(
+                c.moe_experts,
+                c.moe_top_k,
+                c.d_ff,
+                c.activation,
+                capacity_factor=c.moe_capacity_factor,
+                renormalize=c.moe_renormalize,
+                **common,
+            )
+            args = (None if segment_ids is None else segment_ids > 0,)
+        else:
+            ff, args = FeedForward(c.d_ff, c.activation, **common), ()
+        x, _ = self._sublayer(
+            x, lambda h: (ff(h, *args, deterministic=self.deterministic), None), "mlp"
         )
-        x, _ = self._sublayer(x, lambda h: (ff(h, deterministic=self.deterministic), None), "mlp")
         return hook(self, "hook_resid_post", x)
 
 
@@ -122,7 +134,8 @@ class SelfAttentionBlock(_Block):
             ),
             "attention",
         )
-        return self._feed_forward(hook(self, "hook_resid_mid", x)), cache
+        x = hook(self, "hook_resid_mid", x)
+        return self._feed_forward(x, inputs.segment_ids), cache
 
 
 class DecoderBlock(_Block):
@@ -172,7 +185,8 @@ class DecoderBlock(_Block):
             ),
             "cross_attention",
         )
-        return self._feed_forward(hook(self, "hook_resid_mid_cross", x)), cache
+        x = hook(self, "hook_resid_mid_cross", x)
+        return self._feed_forward(x, inputs.segment_ids), cache
 
 
 EncoderBlock = SelfAttentionBlock

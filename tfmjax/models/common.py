@@ -51,6 +51,10 @@ def block_config(cfg: ModelConfig) -> BlockConfig:
         num_features=cfg.num_features,
         scale_attention=cfg.scale_attention,
         attention_impl=cfg.attention_impl,
+        moe_experts=cfg.moe_experts,
+        moe_top_k=cfg.moe_top_k,
+        moe_capacity_factor=cfg.moe_capacity_factor,
+        moe_renormalize=cfg.moe_renormalizes,
         dtype=DTYPES[cfg.dtype],
     )
 
@@ -69,15 +73,24 @@ def cache_bytes(cfg: ModelConfig, batch: int, num_layers: int, capacity: int) ->
 
 
 def make_stack(cfg: ModelConfig, block, num_layers: int, deterministic: bool, name: str, **kw):
-    """A :class:`LayerStack` of ``block`` configured from ``cfg``."""
+    """A :class:`LayerStack` of ``block`` configured from ``cfg``: with ``model.moe_experts``,
+    every ``model.moe_every``-th block's feed-forward is a mixture of experts."""
     return LayerStack(
         block,
         {"cfg": block_config(cfg), "deterministic": deterministic, **kw},
         num_layers,
         scan=cfg.scan_layers,
         remat=cfg.remat,
+        every=cfg.moe_every,
+        every_kwargs={"moe": True} if cfg.moe_experts else None,
         name=name,
     )
+
+
+def layer_period(cfg: ModelConfig) -> int:
+    """Layers per scanned group of a stack (:class:`LayerStack` ``period``): ``moe_every``
+    when only some blocks are mixtures, else 1."""
+    return cfg.moe_every if cfg.moe_experts and cfg.moe_every > 1 else 1
 
 
 def shift_right(tokens, segment_ids, bos_id: int):

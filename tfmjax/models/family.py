@@ -21,6 +21,8 @@ Parameters
 
 Training (the batch dict of ``batch_format``)
   ``dummy_batch(batch, length)``       all-ones int32 batch for ``init`` / ``eval_shape``
+  ``apply_with_aux(params, batch)``    ``(logits, penalty, metrics)``: the auxiliary losses of
+                                       mixture-of-experts layers (``aux_metric_names``)
   ``check_batch(batch)``               host: one-line :class:`InputError` on bad keys/ids/lengths
   ``targets_and_mask(batch)``          traced: ids the logits predict and the loss weight ``[B,T]``
 
@@ -63,6 +65,7 @@ import numpy as np
 from flax.core import meta
 
 from tfmjax.config import ModelConfig
+from tfmjax.layers.moe import COLLECTION as MOE_COLLECTION
 from tfmjax.layers.stack import unstack_params
 from tfmjax.models.checks import (
     InputError,
@@ -70,7 +73,7 @@ from tfmjax.models.checks import (
     check_tokens,
     check_trailing_padding,
 )
-from tfmjax.models.common import cache_bytes
+from tfmjax.models.common import cache_bytes, layer_period
 
 
 class Family:
@@ -93,7 +96,7 @@ class Family:
         reads them. Jitted (keyword arguments static): one compile costs a fraction of
         running the initialisers op by op (a 2-layer model: ~3 s against ~10 s on CPU), and
         gives the same bits."""
-        init = lambda rngs, *args: meta.unbox(nn.Module.init(self, rngs, *args, **kwargs))
+        init = lambda rngs, *args: meta.unbox(_model_variables(self, rngs, *args, **kwargs))
         return jax.jit(init)(rngs, *args)
 
     def param_axes(self, batch: dict | None = None):
@@ -101,7 +104,7 @@ class Family:
         names (``P("layers", "embed", "heads", "head_width")``); ``P()`` for a param with no
         names. Abstract: no memory, no compute. ``batch`` defaults to :meth:`dummy_batch`."""
         batch = self.dummy_batch() if batch is None else batch
-        boxed = jax.eval_shape(lambda: nn.Module.init(self, jax.random.key(0), batch))
+        boxed = jax.eval_shape(lambda: _model_variables(self, jax.random.key(0), batch))
         return nn.get_partition_spec(boxed)
 
     # -- training ----------------------------------------------------------------------
@@ -131,6 +134,23 @@ class Family:
 
     def targets_and_mask(self, batch: dict):
         raise self._cannot("be trained on a task batch")
+
+    @property
+    def aux_metric_names(self) -> tuple[str, ...]:
+        """The auxiliary metrics :meth:`apply_with_aux` reports (none for a dense model)."""
+        return MOE_METRICS if self.config.moe_experts else ()
+
+    def apply_with_aux(self, params, batch: dict, **kwargs):
+        """``(logits, penalty, metrics)``: ``apply`` plus the auxiliary losses of the layers.
+
+        ``penalty`` is the float32 scalar to add to the mean loss per token (the mixtures'
+        ``moe_aux_loss_weight * aux + moe_z_loss_weight * z``), ``metrics`` maps each of
+        :attr:`aux_metric_names` to its mean over the MoE layers. A dense model runs plain
+        ``apply`` (penalty 0, no metrics)."""
+        if not self.aux_metric_names:
+            return self.apply(params, batch, **kwargs), jnp.zeros((), jnp.float32), {}
+        logits, sown = self.apply(params, batch, mutable=[MOE_COLLECTION], **kwargs)
+        return (logits, *moe_terms(sown.get(MOE_COLLECTION, {}), self.config))
 
     # -- evaluation and generation -------------------------------------------------------
 
@@ -175,9 +195,11 @@ class Family:
         """
         if not self.config.scan_layers:
             return self, params
-        stacks = self.layer_stacks()
+        stacks, period = self.layer_stacks(), layer_period(self.config)
         inner = {
-            name: unstack_params(sub, stacks[name]) if name in stacks and "layers" in sub else sub
+            name: unstack_params(sub, stacks[name], period)
+            if name in stacks and "layers" in sub
+            else sub
             for name, sub in params["params"].items()
         }
         model = type(self)(dataclasses.replace(self.config, scan_layers=False), deterministic=True)
@@ -187,3 +209,29 @@ class Family:
         return NotImplementedError(
             f"a {self.family} model cannot {what}; use a decoder_only or encoder_decoder model"
         )
+
+
+MOE_METRICS = ("moe_aux_loss", "moe_z_loss", "moe_dropped_fraction")
+
+
+def moe_terms(sown: dict, cfg: ModelConfig):
+    """``(penalty, metrics)`` of the scalars the MoE layers sowed (``aux_loss``, ``z_loss``,
+    ``dropped``; stacked over scanned layers): each averaged over the layers, the penalty
+    weighted by ``model.moe_aux_loss_weight`` and ``model.moe_z_loss_weight``."""
+    found = {"aux_loss": [], "z_loss": [], "dropped": []}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(sown)[0]:
+        name = next(p.key for p in reversed(path) if isinstance(p, jax.tree_util.DictKey))
+        found[name].append(jnp.ravel(leaf))
+    mean = {name: jnp.mean(jnp.concatenate(v)) for name, v in found.items()}
+    penalty = cfg.moe_aux_loss_weight * mean["aux_loss"] + cfg.moe_z_loss_weight * mean["z_loss"]
+    metrics = dict(
+        zip(MOE_METRICS, (mean["aux_loss"], mean["z_loss"], mean["dropped"]), strict=True)
+    )
+    return penalty.astype(jnp.float32), metrics
+
+
+def _model_variables(model, rngs, *args, **kwargs) -> dict:
+    """``nn.Module.init`` without the values the layers sow while it runs (the MoE losses
+    of :data:`MOE_COLLECTION`): what remains is the model's variables."""
+    variables = nn.Module.init(model, rngs, *args, **kwargs)
+    return {name: tree for name, tree in variables.items() if name != MOE_COLLECTION}

@@ -27,8 +27,9 @@ def mesh_overrides(overrides: Sequence[str], experiment: Experiment) -> Experime
     for item in overrides:
         if not item.strip().startswith("mesh."):
             raise ConfigError(
-                f"override {item!r}: only mesh.* settings (mesh.data, mesh.fsdp, mesh.tensor, "
-                "mesh.rules) apply here; the rest of the config comes from the checkpoint"
+                f"override {item!r}: only mesh.* settings (mesh.data, mesh.fsdp, mesh.expert, "
+                "mesh.tensor, mesh.rules) apply here; the rest of the config comes from the "
+                "checkpoint"
             )
     raw = apply_overrides({"mesh": dataclasses.asdict(experiment.mesh)}, overrides)
     return dataclasses.replace(experiment, mesh=from_dict(raw).mesh)

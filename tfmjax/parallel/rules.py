@@ -9,7 +9,11 @@ where ``batch`` already took ``fsdp``, while the params' ``embed`` is split over
     data parallelism over ``data``; FSDP over ``fsdp`` (every param's ``embed`` axis split,
     the batch split over ``data x fsdp``; XLA gathers each layer's params where the layer
     runs, inside the scan); Megatron tensor parallelism over ``tensor`` (query and
-    key/value heads, the FFN width and the vocabulary split; the residual stream whole).
+    key/value heads, the FFN width and the vocabulary split; the residual stream whole);
+    expert parallelism over ``expert`` (GShard): the experts of mixture-of-experts layers
+    split, and the batch too, so the rest of the model sees ``expert`` as more data
+    parallelism; XLA moves each expert's tokens to its devices (all-to-all) where the
+    dispatched ``[E,B,C,D]`` activations are constrained to the experts' split.
     On a mesh of sizes ``(n, 1, 1)`` this is plain data parallelism.
 ``replicated``
     every device holds all params and optimizer state; the batch is split over all three
@@ -26,20 +30,22 @@ from __future__ import annotations
 import math
 
 from tfmjax.config import ModelConfig
-from tfmjax.layers.axes import BATCH, EMBED, HEADS, KV_HEADS, MLP, VOCAB
+from tfmjax.layers.axes import BATCH, EMBED, EXPERT, HEADS, KV_HEADS, MLP, VOCAB
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 RULE_SETS: dict[str, Rules] = {
     "standard": (
-        (BATCH, ("data", "fsdp")),
+        (EXPERT, "expert"),
+        (BATCH, ("data", "fsdp", "expert")),
+        (BATCH, ("data", "fsdp")),  # an array whose experts took the expert axis
         (VOCAB, "tensor"),
         (HEADS, "tensor"),
         (KV_HEADS, "tensor"),
         (MLP, "tensor"),
         (EMBED, "fsdp"),
     ),
-    "replicated": ((BATCH, ("data", "fsdp", "tensor")),),
+    "replicated": ((BATCH, ("data", "fsdp", "expert", "tensor")),),
 }
 
 
@@ -51,6 +57,7 @@ def axis_sizes(model: ModelConfig) -> dict[str, int]:
         KV_HEADS: model.kv_heads,
         MLP: model.d_ff,
         VOCAB: model.vocab_size,
+        EXPERT: model.moe_experts,
     }
 
 

@@ -5,7 +5,8 @@
   params   pytree        float32 model parameters (compute dtype is ``model.dtype``)
   opt_state pytree       the Optax state
   rng      uint32 [2]    root key as raw key data (``jax.random.key_data``), so it checkpoints
-  window   dict          running sums of the current log window (see ``WINDOW_KEYS``); part of
+  window   dict          running sums of the current log window (see ``WINDOW_KEYS``, and
+                         ``moe_*_sum`` for a mixture of experts: ``sum_keys``); part of
                          the state so a resumed run logs exactly the numbers an uninterrupted
                          run logs, even when it resumes in the middle of a window
 """
@@ -43,9 +44,19 @@ class TrainState:
         return jax.random.wrap_key_data(self.rng)
 
 
-def empty_window() -> dict:
-    """A fresh log window: zeros, and ``first_nonfinite = -1``."""
-    window = {key: jnp.zeros((), jnp.float32) for key in WINDOW_KEYS}
+AUX_PREFIX = "moe_"  # the window sums of a model's auxiliary metrics (aux_metric_names)
+
+
+def sum_keys(model) -> tuple[str, ...]:
+    """The per-batch sums a train step of ``model`` adds: :data:`SUM_KEYS` and, for a model
+    with auxiliary metrics (mixture of experts), ``<name>_sum`` of each, token-weighted."""
+    return SUM_KEYS + tuple(f"{name}_sum" for name in model.aux_metric_names)
+
+
+def empty_window(keys=WINDOW_KEYS) -> dict:
+    """A fresh log window of ``keys`` (default :data:`WINDOW_KEYS`; a model with auxiliary
+    metrics adds their sums): zeros, and ``first_nonfinite = -1``."""
+    window = {key: jnp.zeros((), jnp.float32) for key in keys}
     window["first_nonfinite"] = jnp.full((), -1, jnp.int32)
     return window
 
@@ -83,7 +94,7 @@ def _create(model, tx, sample_batch: dict, seed: int) -> TrainState:
         params=params,
         opt_state=tx.init(params),
         rng=jax.random.key_data(root_key),
-        window=empty_window(),
+        window=empty_window(WINDOW_KEYS + sum_keys(model)[len(SUM_KEYS) :]),
     )
 
 
@@ -99,7 +110,7 @@ def abstract_state(
 def reset_window(state: TrainState, shardings=None) -> TrainState:
     """``state`` with an empty log window (after the loop has logged the current one), laid
     out as ``shardings`` (a window of shardings; needed when the mesh spans processes)."""
-    window = empty_window()
+    window = empty_window(tuple(state.window))
     if shardings is not None:
         window = jax.device_put(jax.device_get(window), shardings)
     return state.replace(window=window)

@@ -4,6 +4,10 @@ Batches (NumPy or JAX, fixed shapes) are in the model family's ``batch_format``;
 says which ids its logits predict and how much each counts (``model.targets_and_mask``:
 every non-padding target for encoder-decoder, the answer only for decoder-only).
 
+A mixture-of-experts model (``model.aux_metric_names``) adds its weighted auxiliary losses
+per token to the objective (``model.apply_with_aux``), and the token-weighted sums of its
+router metrics to the log window (``moe_*_sum``; the means land in ``metrics.jsonl``).
+
 One step = one optimizer update on the whole batch. ``grad_accum_steps = k`` splits the
 batch into k micro-batches of B/k rows, scanned, to save activation memory; the gradient
 is the token-weighted mean over the whole batch either way (sums first, one division).
@@ -31,7 +35,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from tfmjax.losses import cross_entropy, sequence_exact_match, token_accuracy
-from tfmjax.train.state import SUM_KEYS, TrainState
+from tfmjax.train.state import AUX_PREFIX, TrainState, sum_keys
 
 
 def batch_sums(logits, targets, mask, label_smoothing: float) -> dict:
@@ -72,10 +76,13 @@ def make_train_step(
 
     def grad_sums(params, batch, rng):
         def loss_fn(p):
-            logits = model.apply(p, batch, rngs={"dropout": rng})
+            logits, penalty, aux = model.apply_with_aux(p, batch, rngs={"dropout": rng})
             targets, mask = model.targets_and_mask(batch)
             sums = batch_sums(logits, targets, mask, label_smoothing)
-            return sums["loss_sum"], sums
+            sums.update({f"{name}_sum": value * sums["tokens"] for name, value in aux.items()})
+            if not aux:  # a dense model: the objective is the loss alone
+                return sums["loss_sum"], sums
+            return sums["loss_sum"] + penalty * sums["tokens"], sums
 
         grads, sums = jax.grad(loss_fn, has_aux=True)(params)
         return grads, sums
@@ -91,7 +98,7 @@ def make_train_step(
 
         zeros = (
             jax.tree.map(jnp.zeros_like, params),
-            {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS},
+            {k: jnp.zeros((), jnp.float32) for k in sum_keys(model)},
         )
         xs = (jnp.arange(grad_accum_steps), _microbatches(batch, grad_accum_steps))
         return jax.lax.scan(body, zeros, xs)[0]
@@ -120,7 +127,7 @@ def make_train_step(
 def _update_window(window: dict, sums: dict, grad_norm, lr, ok, step) -> dict:
     """Add one step to the log window; a non-finite step adds only to the non-finite count."""
     new = dict(window)
-    for key in SUM_KEYS:
+    for key in sums:
         new[key] = window[key] + jnp.where(ok, sums[key], 0.0)
     new["grad_norm_sum"] = window["grad_norm_sum"] + jnp.where(ok, grad_norm, 0.0)
     new["steps"] = window["steps"] + jnp.where(ok, 1.0, 0.0)
@@ -246,4 +253,6 @@ def window_means(window: dict) -> dict:
     }
     if float(window["loss_sum"]) != float(window["nll_sum"]):
         means["smoothed_loss"] = float(window["loss_sum"]) / tokens
+    for key in sorted(k for k in window if k.startswith(AUX_PREFIX)):  # mixture-of-experts
+        means[key.removesuffix("_sum")] = float(window[key]) / tokens
     return means

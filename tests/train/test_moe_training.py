@@ -1,0 +1,54 @@
+"""The mixture-of-experts presets train from ``train.py`` and log their router metrics."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train_main():
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("preset", ["tiny-switch", "tiny-mixtral"])
+def test_moe_preset_trains_from_train_py(preset, tmp_path, capsys):
+    """Four steps of the reverse task: every train record holds the load-balancing loss (in
+    (0, E]: ``E * sum f_e P_e`` with ``sum f_e = 1``, ``P_e <= 1``), the z-loss (>= 0) and
+    the dropped fraction (0 for the dropless Mixtral preset), and the loss is finite."""
+    argv = [
+        str(ROOT / "configs/reverse_decoder.toml"),
+        "--progress",
+        "lines",
+        f"model.preset={preset}",
+        "model.vocab_size=16",
+        "model.d_model=32",
+        "model.max_len=32",
+        "data.batch_size=8",
+        "data.eval_examples=8",
+        "optim.warmup_steps=1",
+        "train.steps=4",
+        "train.log_every=2",
+        "train.eval_every=4",
+        "train.checkpoint_every=4",
+        f"train.workdir={tmp_path}",
+    ]
+    assert _train_main()(argv) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in train] == [2, 4]
+    experts = 4
+    for record in train:
+        assert math.isfinite(record["loss"])
+        assert 0.0 < record["moe_aux_loss"] <= experts
+        assert record["moe_z_loss"] >= 0.0
+        assert 0.0 <= record["moe_dropped_fraction"] <= 1.0
+        if preset == "tiny-mixtral":
+            assert record["moe_dropped_fraction"] == 0.0
+    assert any(r["split"] == "eval" for r in records)
