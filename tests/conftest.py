@@ -32,12 +32,15 @@ MODULE_SECONDS = os.path.join(os.path.dirname(__file__), "module_seconds.json")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark as ``slow`` the tests listed in ``tests/slow_tests.txt`` (measured, not guessed),
+    """Mark as ``slow`` the tests listed in ``tests/slow_tests.txt`` (measured, not guessed;
+    not with ``TFMJAX_SLOW_LIST=off``, which ``make mutate`` sets for its targets' tests),
     and hand the workers the longest modules first (``tests/module_seconds.json``, measured by
     ``tools/test_seconds.py``; a module's tests stay together and in order, so its fixtures are
     built once): a long module no longer starts last and leaves one worker running alone."""
     with open(SLOW_LIST) as f:
         listed = {line.strip() for line in f if line.strip() and not line.startswith("#")}
+    if os.environ.get("TFMJAX_SLOW_LIST") == "off":  # make mutate: every fast test of a file
+        listed = set()
     with open(MODULE_SECONDS) as f:
         seconds = json.load(f)
     for item in items:
