@@ -206,8 +206,7 @@ def load_on_mesh(workdir: str, mesh: Sequence[str] = ()):
 
 
 def _run(args) -> int:
-    from tfmjax.checkpoint import CheckpointError
-    from tfmjax.data import make_task
+    from tfmjax.checkpoint import CheckpointError, open_checkpoint_source
     from tfmjax.data.sources import is_text
     from tfmjax.decode.options import strategy_from_args
     from tfmjax.parallel.processes import fail, tag
@@ -221,7 +220,7 @@ def _run(args) -> int:
             if is_text(experiment.data.task):
                 strategy = strategy if args.explicit_decode else None
                 return _generate_text(experiment, params, step, args, strategy)
-            task = make_task(experiment.data.task, **experiment.data.task_params)
+            task = open_checkpoint_source(args.workdir, step, experiment.data).task
             max_new = args.max_new_tokens or task.max_target_len("eval") + 1
             inputs = [task.canonical_input(text) for text in args.input]
             for line in check_trained_length(task, inputs):
