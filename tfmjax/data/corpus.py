@@ -95,8 +95,7 @@ def read_text_file(path: Path) -> list[tuple[str, str]]:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(
-            f"text file {path} is not UTF-8 text (byte {err.start}: {err.reason}): "
-            "save it as UTF-8"
+            f"text file {path} is not UTF-8 text (byte {err.start}: {err.reason}): save it as UTF-8"
         ) from None
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     if not text.strip():
