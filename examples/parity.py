@@ -1,6 +1,6 @@
 """Parity with a scratchpad: the worked example of your own task (docs/own_data.md).
 
-Train it with ``python train.py configs/parity_decoder.toml``, which sets
+Train it with ``python train.py configs/parity.toml``, which sets
 ``data.task = "examples/parity.py:ParityTask"``.
 
 "1 0 1 1" -> "1 1 0 1": target token t is the parity (XOR) of the first t source bits, so
