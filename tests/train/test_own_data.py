@@ -55,9 +55,7 @@ def _script(name: str):
 
 
 def config(path: Path, task: str, *, params="{}", family="decoder_only", vocab=8, best="loss"):
-    path.write_text(
-        TINY.format(task=task, params=params, family=family, vocab=vocab, best=best)
-    )
+    path.write_text(TINY.format(task=task, params=params, family=family, vocab=vocab, best=best))
     return str(path)
 
 

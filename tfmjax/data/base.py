@@ -65,7 +65,7 @@ class Task(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not isinstance(getattr(cls, "name", None), str):
+        if not any("name" in vars(klass) for klass in cls.__mro__):  # a value or a property
             cls.name = cls.__name__
 
     @property
