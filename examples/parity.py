@@ -6,8 +6,9 @@ Train it with ``python train.py configs/parity.toml``, which sets
 "1 0 1 1" -> "1 1 0 1": target token t is the parity (XOR) of the first t source bits, so
 the last one is the parity of them all. Writing the running parity out (a scratchpad) makes
 each step local: one bit of the source and the token before. Asked for the final bit alone
-(``scratchpad = false``), a small transformer learns parity far more slowly (Anil et al.
-2022, "Exploring Length Generalization in Large Language Models").
+(``scratchpad = false``), a small transformer learns parity far more slowly (measured in
+docs/own_data.md; on scratchpads for parity, Anil et al. 2022, "Exploring Length
+Generalization in Large Language Models").
 """
 
 from __future__ import annotations
