@@ -119,6 +119,17 @@ def package(tmp_path, monkeypatch):
         del sys.modules[key]
 
 
+def test_a_task_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    write(tmp_path / "lib" / "symbols_beside.py", "SYMBOLS = ['x', 'y']\n")
+    body = HEADER + "from symbols_beside import SYMBOLS\n\n" + TWO_CLASS
+    write(tmp_path / "lib" / "task.py", body.replace("['x', 'y']", "SYMBOLS"))
+    monkeypatch.chdir(tmp_path)
+    path_before = list(sys.path)
+    assert open_source("lib/task.py:Twice", {}).task.vocab.symbols == ("x", "y")
+    assert sys.path == path_before
+    sys.modules.pop("symbols_beside", None)
+
+
 def test_a_task_class_by_module_name(package, tmp_path, monkeypatch):
     assert str(tmp_path) not in sys.path  # the working folder is searched all the same
     source = open_source(f"{package}.tasks:Twice", {"n": 4})
@@ -184,6 +195,8 @@ def test_each_mistake_is_one_line(tmp_path, monkeypatch):
     assert message.startswith("building task 'required.py:Twice' failed: TypeError:")
     assert "'n'" in message
     assert "unknown task 'revers'; did you mean 'reverse'?" in error_of("revers")
+    with pytest.raises(ValueError, match="names no task class"):
+        make_task("text:corpus.txt")
 
 
 def test_a_task_without_a_name_is_called_by_its_class():

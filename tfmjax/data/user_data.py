@@ -13,6 +13,7 @@ it, and otherwise a line names the recorded file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import hashlib
@@ -74,6 +75,8 @@ def task_class(task: str, origin: dict | None = None) -> tuple[type[Task], dict[
     """``(class, origin record)`` of ``data.task = "PATH.py:Class"`` or ``"module:Class"``,
     checked to be a concrete :class:`~tfmjax.data.base.Task` dataclass."""
     spec = parse_task_spec(task)
+    if spec.kind not in ("file", "module"):
+        raise ValueError(f"data.task={task!r} names no task class (PATH.py:Class, module:Class)")
     if spec.kind == "file":
         path = locate(task, spec, "task file", origin)
         module, where = _import_file(path), str(path)
@@ -86,8 +89,22 @@ def task_class(task: str, origin: dict | None = None) -> tuple[type[Task], dict[
     return _checked_class(module, spec.attr, where), record
 
 
+@contextlib.contextmanager
+def _searched(folder: str):
+    """``folder`` on ``sys.path`` (searched last) while the block runs, unless already there."""
+    added = folder not in sys.path
+    if added:
+        sys.path.append(folder)
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(folder)
+
+
 def _import_file(path: Path):
-    """The module of a Python file, imported once per distinct content."""
+    """The module of a Python file, imported once per distinct content; while it runs, it
+    may import the modules beside it, as a script would."""
     name = f"_tfmjax_task_{file_digest(path)[:16]}"
     if name in sys.modules:
         return sys.modules[name]
@@ -95,7 +112,8 @@ def _import_file(path: Path):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the file runs
     try:
-        spec.loader.exec_module(module)
+        with _searched(str(path.parent)):
+            spec.loader.exec_module(module)
     except Exception as err:  # the user's code: any error is one line
         del sys.modules[name]
         raise ValueError(f"importing task file {path} failed: {_one_line(err, path)}") from None
@@ -104,12 +122,9 @@ def _import_file(path: Path):
 
 def _import_module(task: str, name: str, origin: dict | None):
     """``importlib.import_module(name)``, the working folder searched after ``sys.path``."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path and "" not in sys.path
-    if added:
-        sys.path.append(cwd)
     try:
-        return importlib.import_module(name)
+        with _searched("" if "" in sys.path else os.getcwd()):
+            return importlib.import_module(name)
     except ModuleNotFoundError as err:
         if err.name is None or not (name + ".").startswith(err.name + "."):
             raise ValueError(f"importing module {name} failed: {_one_line(err)}") from None
@@ -120,9 +135,6 @@ def _import_module(task: str, name: str, origin: dict | None):
         ) from None
     except Exception as err:  # the user's code: any error is one line
         raise ValueError(f"importing module {name} failed: {_one_line(err)}") from None
-    finally:
-        if added:
-            sys.path.remove(cwd)
 
 
 def _one_line(err: BaseException, path: Path | None = None) -> str:
