@@ -174,8 +174,11 @@ def open_checkpoint_source(path, step: int, data):
     where checkpoint ``step`` recorded it, and a text task gets the tokenizer saved there
     (never a newly trained one)."""
     from tfmjax.data.sources import is_text, open_source
+    from tfmjax.data.tasks import TASK_NAMES
     from tfmjax.data.tokenizers import tokenizer_from_dict
 
+    if data.task in TASK_NAMES:  # a built-in toy task: nothing to read from the checkpoint
+        return open_source(data.task, data.task_params)
     assets = load_assets(path, step)
     origin = assets.get("task_origin")
     if not is_text(data.task):
