@@ -3,12 +3,11 @@
 ``TextSource(name, task_params)`` reads the corpus (:mod:`tfmjax.data.corpus`): the plays of
 ``"shakespeare"``, or your own file of ``"text:PATH"`` as one document. It splits every
 document 90/10 into training and validation text at a line boundary (contiguous chunks, so
-no line is in both), trains the tokenizer on the training text only, and tokenizes each split once
-into a NumPy file (plays joined by EOS). Both are cached under
+no line is in both), trains the tokenizer on the training text only, and tokenizes each
+split once into a NumPy file (documents joined by EOS). Both are cached under
 ``$TFMJAX_CACHE_DIR/text/<key>/`` (default ``~/.cache/tfmjax``), the key being a hash of
 the cleaned corpus (its text, not its path), the tokenizer settings and this file format,
-so a second run (or a
-resume) reads them back in milliseconds.
+so a second run (or a resume) reads them back in milliseconds.
 
 Batches are a pure function of ``(seed, step, split)``, like the toy tasks' (bit-exact
 resume): ``B`` windows of ``context`` tokens at random offsets.
@@ -163,13 +162,13 @@ class TextSource:
         self.origin = None  # where "text:PATH" was found
         if name.startswith(TEXT_PREFIX):
             path, self.origin = text_file(name, origin)
-            plays, kind = read_text_file(path), "text"
+            documents, kind = read_text_file(path), "text"
         elif name in CORPORA:
-            plays, kind = load_plays(), name
+            documents, kind = load_plays(), name
         else:
             raise ValueError(f"unknown corpus {name!r}; corpora: {', '.join(CORPORA)}, text:PATH")
-        parts = [split_play(text) for _, text in plays]
-        corpus_key = _digest(FILE_FORMAT, kind, [text for _, text in plays])
+        parts = [split_play(text) for _, text in documents]
+        corpus_key = _digest(FILE_FORMAT, kind, [text for _, text in documents])
         if tokenizer is None:
             tokenizer = self._trained_tokenizer(corpus_key, parts)
         self.tokenizer = tokenizer
