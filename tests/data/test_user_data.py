@@ -297,3 +297,17 @@ def test_text_file_mistakes_are_one_line(tmp_path, monkeypatch):
         "text:short.txt"
     )
     assert "unknown parameter 'contex' for a text task" in error_of("text:short.txt", {"contex": 8})
+
+
+def test_explain_lists_your_task_and_text(monkeypatch, capsys):
+    from tfmjax.config import explain
+
+    monkeypatch.chdir(ROOT)
+    assert explain.main(["configs/parity.toml"]) == 0
+    out = capsys.readouterr().out
+    assert "examples/parity.py:ParityTask (your task) min_len=1, max_len=12, scratchpad=True" in out
+    table = explain.tasks_table("text:notes.txt")
+    assert "text:notes.txt" in table and "(your text) tokenizer='char'" in table
+    assert "(your task) cannot be loaded here: task file 'gone.py'" in explain.tasks_table(
+        "gone.py:T"
+    )
