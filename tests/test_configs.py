@@ -31,6 +31,12 @@ TEXT_FAMILIES = {  # the text configs: language models and a masked LM
 }
 
 
+@pytest.fixture(autouse=True)
+def _in_the_repository(monkeypatch):
+    """A config naming its own task file (configs/parity.toml) gives its path from here."""
+    monkeypatch.chdir(CONFIGS[0].parents[1])
+
+
 def family_of(stem: str) -> str:
     if stem in TEXT_FAMILIES:
         return TEXT_FAMILIES[stem]

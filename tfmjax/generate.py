@@ -217,8 +217,8 @@ def _run(args) -> int:
         hf_tokenizer_of,
         is_imported,
         load_assets,
+        open_checkpoint_source,
     )
-    from tfmjax.data import make_task
     from tfmjax.data.sources import is_text
     from tfmjax.decode.options import strategy_from_args
     from tfmjax.parallel.processes import fail, tag
@@ -238,7 +238,7 @@ def _run(args) -> int:
                 return _generate_hf_text(experiment.model, params, tokenizer, args, strategy)
             if is_imported(experiment, assets):
                 raise ValueError(NO_HF_TOKENIZER)
-            task = make_task(experiment.data.task, **experiment.data.task_params)
+            task = open_checkpoint_source(args.workdir, step, experiment.data).task
             max_new = args.max_new_tokens or task.max_target_len("eval") + 1
             inputs = [task.canonical_input(text) for text in args.input]
             for line in check_trained_length(task, inputs):

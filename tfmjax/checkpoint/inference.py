@@ -215,20 +215,27 @@ def _load_params(directory: str | Path, shardings) -> _Loaded:
 
 
 def open_checkpoint_source(path, step: int, data):
-    """The data source of a checkpoint's ``data`` config; a text task gets the tokenizer
-    saved in checkpoint ``step`` (never a newly trained one)."""
+    """The data source of a checkpoint's ``data`` config: your own task or text file found
+    where checkpoint ``step`` recorded it, and a text task gets the tokenizer saved there
+    (never a newly trained one)."""
     from tfmjax.data.sources import is_text, open_source
+    from tfmjax.data.tasks import TASK_NAMES
     from tfmjax.data.tokenizers import tokenizer_from_dict
 
-    if not is_text(data.task):
+    if data.task in TASK_NAMES:  # a built-in toy task: nothing to read from the checkpoint
         return open_source(data.task, data.task_params)
-    saved = load_assets(path, step).get("tokenizer")
+    assets = load_assets(path, step)
+    origin = assets.get("task_origin")
+    if not is_text(data.task):
+        return open_source(data.task, data.task_params, origin=origin)
+    saved = assets.get("tokenizer")
     if saved is None:
         raise CheckpointError(
             f"checkpoint step {step} of text task {data.task!r} holds no tokenizer; it was "
             "written by an older tfmjax: retrain, or evaluate a newer checkpoint"
         )
-    return open_source(data.task, data.task_params, tokenizer=tokenizer_from_dict(saved))
+    tokenizer = tokenizer_from_dict(saved)
+    return open_source(data.task, data.task_params, tokenizer=tokenizer, origin=origin)
 
 
 def workdir_of(path: str | Path) -> Path:

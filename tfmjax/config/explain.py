@@ -17,8 +17,10 @@ from tfmjax.config.fields import help_of
 from tfmjax.config.loading import load
 from tfmjax.config.presets import PRESETS
 from tfmjax.config.sections import SECTIONS, Experiment
+from tfmjax.config.task_spec import parse_task_spec
 from tfmjax.data import TASK_NAMES, task_defaults
 from tfmjax.data.text import CORPORA, TextParams
+from tfmjax.data.user_data import GUIDE
 
 
 def _type_name(hint) -> str:
@@ -51,8 +53,9 @@ def keys_table(experiment: Experiment) -> str:
     )
 
 
-def tasks_table() -> str:
-    """Each task with its parameters' defaults (set them in ``[data.task_params]``)."""
+def tasks_table(own: str = "") -> str:
+    """Each task with its parameters' defaults (set them in ``[data.task_params]``); ``own``:
+    a config's own task or text (``PATH.py:Class``, ``text:PATH``), listed last."""
     lines = []
     for name in TASK_NAMES:
         params = ", ".join(f"{k}={v!r}" for k, v in task_defaults(name).items())
@@ -60,6 +63,16 @@ def tasks_table() -> str:
     text = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(TextParams))
     for name in CORPORA:
         lines.append(f"{name:<20} (text) {text}")
+    kind = parse_task_spec(own).kind if own else "name"
+    if kind == "text":
+        lines.append(f"{own:<20} (your text) {text}")
+    elif kind != "name":
+        try:
+            params = ", ".join(f"{k}={v!r}" for k, v in task_defaults(own).items())
+        except ValueError as err:
+            params = f"cannot be loaded here: {err}"
+        lines.append(f"{own:<20} (your task) {params}")
+    lines.append(f"{'(your own)':<20} text:PATH, PATH.py:Class or package.module:Class ({GUIDE})")
     return "\n".join(lines)
 
 
@@ -88,7 +101,7 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"config keys ({args.config or 'defaults'}):\n{keys_table(experiment)}\n")
-    print(f"tasks (data.task, data.task_params):\n{tasks_table()}\n")
+    print(f"tasks (data.task, data.task_params):\n{tasks_table(experiment.data.task)}\n")
     print(f"presets (model.preset):\n{presets_table()}")
     return 0
 

@@ -10,6 +10,7 @@ from tfmjax.config.checks import check_types, one_of, positive, require
 from tfmjax.config.choices import EVAL_METRICS, MESH_AXES, RULE_SETS, SCHEDULES
 from tfmjax.config.fields import option
 from tfmjax.config.model import ModelConfig
+from tfmjax.config.task_spec import parse_task_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +68,12 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Which toy task, its parameters, and the batch size."""
+    """Which task or text, its parameters, and the batch size."""
 
     task: str = option(
-        "reverse", help="toy task or text corpus (python -m tfmjax.config.explain lists them)"
+        "reverse",
+        help="toy task or text corpus (python -m tfmjax.config.explain lists them), "
+        "text:PATH (your text file), PATH.py:Class or package.module:Class (your task)",
     )
     task_params: dict = option(
         default_factory=dict, help="the task's parameters, e.g. {max_len = 8}"
@@ -80,6 +83,10 @@ class DataConfig:
 
     def __post_init__(self):
         check_types("data", self)
+        try:
+            parse_task_spec(self.task)
+        except ValueError as err:
+            require(False, "data.task", self.task, str(err))
         positive("data", self, "batch_size", "eval_examples")
 
 

@@ -54,11 +54,19 @@ def check_int(task: str, name: str, value: Any, lo: int, hi: int | None = None) 
 class Task(abc.ABC):
     """A seq2seq toy task. Concrete tasks are frozen kw-only dataclasses of their params.
 
-    Subclasses set `vocab` in __post_init__ and implement `_generate` and `_max_lengths`.
+    Subclasses set `vocab` in __post_init__ and implement `_generate` and `_max_lengths`;
+    they may override `canonical_input` (how a person's typed input is read) and
+    `supports_length_split`. `name` defaults to the class name. docs/own_data.md walks
+    through one (`data.task = "PATH.py:Class"`).
     """
 
     name: ClassVar[str]
     vocab: Vocab
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not any("name" in vars(klass) for klass in cls.__mro__):  # a value or a property
+            cls.name = cls.__name__
 
     @property
     def supports_length_split(self) -> bool:

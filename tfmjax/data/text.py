@@ -1,12 +1,13 @@
 """Language modelling on real text: token files of a corpus and random windows from them.
 
-``TextSource(task_params)`` reads the corpus (:mod:`tfmjax.data.corpus`), splits every play
-90/10 into training and validation text at a line boundary (contiguous chunks, so no line
-is in both), trains the tokenizer on the training text only, and tokenizes each split once
-into a NumPy file (plays joined by EOS). Both are cached under
+``TextSource(name, task_params)`` reads the corpus (:mod:`tfmjax.data.corpus`): the plays of
+``"shakespeare"``, or your own file of ``"text:PATH"`` as one document. It splits every
+document 90/10 into training and validation text at a line boundary (contiguous chunks, so
+no line is in both), trains the tokenizer on the training text only, and tokenizes each
+split once into a NumPy file (documents joined by EOS). Both are cached under
 ``$TFMJAX_CACHE_DIR/text/<key>/`` (default ``~/.cache/tfmjax``), the key being a hash of
-the cleaned corpus, the tokenizer settings and this file format, so a second run (or a
-resume) reads them back in milliseconds.
+the cleaned corpus (its text, not its path), the tokenizer settings and this file format,
+so a second run (or a resume) reads them back in milliseconds.
 
 Batches are a pure function of ``(seed, step, split)``, like the toy tasks' (bit-exact
 resume): ``B`` windows of ``context`` tokens at random offsets.
@@ -33,17 +34,20 @@ from typing import Any
 
 import numpy as np
 
-from tfmjax.data.corpus import load_plays
+from tfmjax.config.task_spec import TEXT_PREFIX
+from tfmjax.data.corpus import load_plays, read_text_file
 from tfmjax.data.tokenizers import (
     TOKENIZERS,
+    CharTokenizer,
     Tokenizer,
     char_lengths,
     tokenizer_from_dict,
     train_tokenizer,
 )
+from tfmjax.data.user_data import text_file
 from tfmjax.data.vocab import EOS_ID, MASK_ID, RESERVED_TOKENS
 
-CORPORA = ("shakespeare",)
+CORPORA = ("shakespeare",)  # built-in corpora; "text:PATH" is your own
 TEXT_SPLITS = ("train", "eval")
 TEXT_FORMATS = ("prompt_answer", "masked_lm")
 TRAIN_FRACTION = 0.9
@@ -98,9 +102,10 @@ class TextParams:
 
 
 def split_play(text: str) -> tuple[str, str]:
-    """``(training part, validation part)``: the first 90% of the play and the rest, cut at
-    the line boundary before the 90% mark."""
-    cut = text.rfind("\n", 0, int(len(text) * TRAIN_FRACTION)) + 1
+    """``(training part, validation part)``: the first 90% of a document and the rest, cut
+    at the line boundary before the 90% mark (at the mark itself if no line ends before it)."""
+    mark = int(len(text) * TRAIN_FRACTION)
+    cut = text.rfind("\n", 0, mark) + 1 or mark
     return text[:cut], text[cut:]
 
 
@@ -140,19 +145,32 @@ def _encode_split(tokenizer: Tokenizer, parts: list[str]) -> np.ndarray:
 class TextSource:
     """A corpus tokenized into train/eval token arrays, served as fixed-shape windows.
 
-    ``tokenizer``: use this one (e.g. restored from a checkpoint) instead of training one.
+    ``tokenizer``: use this one (e.g. restored from a checkpoint) instead of training one;
+    ``origin``: where a checkpoint's ``"text:PATH"`` file was (its ``task_origin`` asset).
     """
 
-    def __init__(self, name: str, params: dict[str, Any], *, tokenizer: Tokenizer | None = None):
-        if name not in CORPORA:
-            raise ValueError(f"unknown corpus {name!r}; corpora: {', '.join(CORPORA)}")
+    def __init__(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        tokenizer: Tokenizer | None = None,
+        origin: dict | None = None,
+    ):
         self.name = name
         self.params = TextParams.parse(params)
-        plays = load_plays()
-        parts = [split_play(text) for _, text in plays]
-        corpus_key = _digest(FILE_FORMAT, name, [text for _, text in plays])
+        self.origin = None  # where "text:PATH" was found
+        if name.startswith(TEXT_PREFIX):
+            path, self.origin = text_file(name, origin)
+            documents, kind = read_text_file(path), "text"
+        elif name in CORPORA:
+            documents, kind = load_plays(), name
+        else:
+            raise ValueError(f"unknown corpus {name!r}; corpora: {', '.join(CORPORA)}, text:PATH")
+        parts = [split_play(text) for _, text in documents]
+        corpus_key = _digest(FILE_FORMAT, kind, [text for _, text in documents])
         if tokenizer is None:
-            tokenizer = self._trained_tokenizer(corpus_key, [p[0] for p in parts])
+            tokenizer = self._trained_tokenizer(corpus_key, parts)
         self.tokenizer = tokenizer
         self.ids = self._token_files(corpus_key, parts)
         self.char_lengths = char_lengths(tokenizer)
@@ -164,10 +182,14 @@ class TextSource:
             if len(self.ids[split]) <= self.params.context:
                 raise ValueError(
                     f"the {split} text has {len(self.ids[split])} tokens, not more than "
-                    f"context={self.params.context}"
+                    f"context={self.params.context}: give a longer text or a smaller "
+                    "data.task_params.context"
                 )
 
-    def _trained_tokenizer(self, corpus_key: str, train_parts: list[str]) -> Tokenizer:
+    def _trained_tokenizer(self, corpus_key: str, parts: list[tuple[str, str]]) -> Tokenizer:
+        """Trained on the training parts; a char tokenizer gives the characters met only in
+        the validation parts ids after those (never trained, so the model scores them as
+        the unseen characters they are; Shakespeare has none)."""
         p = self.params
         vocab = p.vocab_size if p.tokenizer == "bpe" else None
         version = _tokenizers_version() if p.tokenizer == "bpe" else ""
@@ -176,7 +198,10 @@ class TextSource:
         )
         path = directory / "tokenizer.json"
         if not path.is_file():
-            trained = train_tokenizer(p.tokenizer, train_parts, vocab)
+            trained = train_tokenizer(p.tokenizer, [part[0] for part in parts], vocab)
+            if isinstance(trained, CharTokenizer):
+                unseen = set().union(*(part[1] for part in parts)) - set(trained.symbols)
+                trained = CharTokenizer(trained.symbols + tuple(sorted(unseen)))
             _write_atomically(directory, {"tokenizer.json": trained.to_dict()})
         return tokenizer_from_dict(json.loads(path.read_text()))
 
@@ -252,8 +277,10 @@ class TextSource:
         ]
 
     def assets(self) -> dict:
-        """What a checkpoint must carry to read and write text: the tokenizer."""
-        return {"tokenizer": self.tokenizer.to_dict()}
+        """What a checkpoint must carry to read and write text: the tokenizer (and where
+        ``"text:PATH"`` was found)."""
+        origin = {"task_origin": self.origin} if self.origin else {}
+        return {"tokenizer": self.tokenizer.to_dict(), **origin}
 
 
 def mask_tokens(
