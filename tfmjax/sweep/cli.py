@@ -1,0 +1,148 @@
+"""``python -m tfmjax.sweep CONFIG --seeds 0,1,2 --grid optim.learning_rate=1e-3,3e-3 ...``
+
+Trains every (grid point, seed) run of the config, each in its own workdir under the sweep's
+directory (``--workdir``, default ``runs/sweep-<config name>``), then writes ``sweep.jsonl``,
+prints a table over seeds and draws ``metric.png`` and ``curves.png`` there. Rerunning the
+command trains only what is missing (an interrupted run resumes as ``train.py`` does).
+Ctrl-C / SIGTERM: every run in flight saves and stops; exit 130 / 143. Exit 2: a bad
+config, grid or option (one line); exit 1: a run failed or diverged (its ``train.log`` says
+why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from tfmjax.config.choices import EVAL_METRICS
+from tfmjax.config.errors import ConfigError
+from tfmjax.config.loading import load
+from tfmjax.sweep.grid import expand, parse_axes, parse_seeds
+from tfmjax.sweep.plots import CURVES_PLOT, METRIC_PLOT, plot_curves, plot_metric
+from tfmjax.sweep.processes import LOG_FILE, Job, default_cores, run_pool
+from tfmjax.sweep.results import (
+    RESULTS_FILE,
+    add_wall_time,
+    is_finished,
+    run_record,
+    table,
+    write_results,
+)
+
+EXECUTORS = ("auto", "processes", "vmap")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tfmjax.sweep", description=__doc__.splitlines()[0])
+    p.add_argument("config", help="experiment TOML, e.g. configs/reverse.toml")
+    p.add_argument("overrides", nargs="*", help="section.key=value for every run")
+    p.add_argument("--seeds", default="0", help="train.seed values: 0,1,2 or 0-4 (default 0)")
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        help="section.key=v1,v2,... (repeatable: the grid is every combination)",
+    )
+    p.add_argument("--workdir", help="the sweep's directory (default runs/sweep-<config name>)")
+    p.add_argument("--executor", choices=EXECUTORS, default="auto", help="auto: processes")
+    p.add_argument("--jobs", type=int, help="runs at once (default: one per core)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin each run to a core")
+    p.add_argument("--metric", help="eval metric of the table and plots (train.best_metric)")
+    return p
+
+
+def _options(args, base) -> tuple[str, int, list[int]]:
+    """The metric, the number of slots and the cores: ConfigError for a bad one."""
+    metric = args.metric or base.train.best_metric
+    if metric not in EVAL_METRICS:
+        raise ConfigError(f"--metric {metric!r} is not an eval metric; use one of {EVAL_METRICS}")
+    if args.executor == "vmap":
+        raise ConfigError(
+            "--executor vmap (one program for runs of equal shapes) is not built yet; "
+            "use --executor processes"
+        )
+    cores = default_cores()
+    jobs = args.jobs if args.jobs is not None else len(cores)
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs} must be >= 1")
+    return metric, jobs, cores
+
+
+def _announce(job: Job) -> None:
+    core = f" on core {job.core}" if job.core is not None else ""
+    print(f"start {job.name}{core}", flush=True)
+
+
+def _finished(runs_by_name: dict, failed: list[str]):
+    def on_end(job: Job) -> None:
+        add_wall_time(job.workdir, job.wall_sec, job.returncode)
+        spec = runs_by_name[job.name]
+        if is_finished(spec):
+            what = "done"
+        elif job.returncode in (0, 130, 143):
+            what = "stopped (saved what it could)"
+        else:
+            what = f"exit {job.returncode}: see {job.workdir / LOG_FILE}"
+            failed.append(job.name)
+        print(f"{what:<6} {job.name} in {job.wall_sec:.1f}s", flush=True)
+
+    return on_end
+
+
+def report(sweep_dir: Path, runs, axes, base, metric: str) -> list[dict]:
+    """Write ``sweep.jsonl``, print the table, draw the figures; the records."""
+    records = [run_record(spec, base, metric) for spec in runs]
+    write_results(sweep_dir / RESULTS_FILE, records)
+    print(table(records, metric))
+    written = [
+        plot_metric(sweep_dir / METRIC_PLOT, axes, records, metric),
+        plot_curves(sweep_dir / CURVES_PLOT, records, metric),
+    ]
+    shown = ", ".join(str(p) for p in [sweep_dir / RESULTS_FILE, *written] if p)
+    print(f"wrote {shown}")
+    return records
+
+
+def main(argv=None) -> int:
+    args = parser().parse_intermixed_args(argv)
+    try:
+        base = load(args.config, args.overrides)
+        sweep_dir = Path(args.workdir or f"runs/sweep-{base.name}")
+        axes = parse_axes(args.grid, args.overrides)
+        seeds = parse_seeds(args.seeds)
+        metric, slots, cores = _options(args, base)
+        runs = expand(args.config, args.overrides, axes, seeds, sweep_dir)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {"config": str(args.config), "overrides": args.overrides, "grid": args.grid}
+    (sweep_dir / "sweep.json").write_text(json.dumps({**manifest, "seeds": seeds}) + "\n")
+    todo = [spec for spec in runs if not is_finished(spec)]
+    slots = min(slots, max(len(todo), 1))
+    print(
+        f"sweep of {len(runs)} runs in {sweep_dir}: {len(runs) - len(todo)} done, "
+        f"{len(todo)} to train, {slots} at once" + ("" if args.no_pin else ", each on one core"),
+        flush=True,
+    )
+    failed: list[str] = []
+    jobs = [Job(spec.name, [str(args.config), *spec.overrides], spec.workdir) for spec in todo]
+    stopped = run_pool(
+        jobs,
+        slots=slots,
+        cores=None if args.no_pin else cores,
+        on_start=_announce,
+        on_end=_finished({spec.name: spec for spec in runs}, failed),
+    )
+    report(sweep_dir, runs, axes, base, metric)
+    if stopped:
+        name = signal.Signals(stopped).name
+        print(f"{name}: the runs in flight saved and stopped; rerun the same command to finish")
+        return 128 + stopped
+    if failed:
+        print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
