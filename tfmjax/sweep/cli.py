@@ -123,9 +123,10 @@ def main(argv=None) -> int:
     (sweep_dir / "sweep.json").write_text(json.dumps({**manifest, "seeds": seeds}) + "\n")
     todo = [spec for spec in runs if not is_finished(spec)]
     slots = min(slots, max(len(todo), 1))
+    plan = f"{len(todo)} to train, {slots} at once" if todo else "nothing to train"
+    pinned = ", each on one core" if todo and not args.no_pin else ""
     print(
-        f"sweep of {len(runs)} runs in {sweep_dir}: {len(runs) - len(todo)} done, "
-        f"{len(todo)} to train, {slots} at once" + ("" if args.no_pin else ", each on one core"),
+        f"sweep of {len(runs)} runs in {sweep_dir}: {len(runs) - len(todo)} done, {plan}{pinned}",
         flush=True,
     )
     failed: list[str] = []
