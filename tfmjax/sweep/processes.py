@@ -81,11 +81,16 @@ class _Forwarder:
             signal.signal(sig, handler)
 
 
-def _start(job: Job) -> subprocess.Popen:
+def train_command() -> list[str]:
+    """What every child runs before its own arguments: ``python train.py --progress lines``."""
+    return [sys.executable, str(TRAIN_SCRIPT), "--progress", "lines"]
+
+
+def _start(job: Job, command: list[str]) -> subprocess.Popen:
     job.workdir.mkdir(parents=True, exist_ok=True)
     with open(job.workdir / LOG_FILE, "a") as log:
         return subprocess.Popen(
-            [sys.executable, str(TRAIN_SCRIPT), "--progress", "lines", *job.argv],
+            [*command, *job.argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -101,10 +106,13 @@ def run_pool(
     cores: list[int] | None,
     on_start: Callable[[Job], None],
     on_end: Callable[[Job], None],
+    command: list[str] | None = None,
     poll_sec: float = 0.1,
 ) -> int | None:
     """Run ``jobs``, ``slots`` at once, slot ``i`` pinned to ``cores[i % len(cores)]``
-    (``cores=None``: unpinned). Returns the signal number that stopped the pool, or None."""
+    (``cores=None``: unpinned), each ``command + job.argv`` (default :func:`train_command`).
+    Returns the signal number that stopped the pool, or None."""
+    command = command or train_command()
     pending = list(reversed(jobs))
     running: dict[int, tuple[subprocess.Popen, Job]] = {}  # slot -> child
     with _Forwarder(running) as forwarder:
@@ -114,7 +122,7 @@ def run_pool(
                 slot, job = free.pop(0), pending.pop()
                 job.core = cores[slot % len(cores)] if cores else None
                 job.wall_sec = time.perf_counter()
-                running[slot] = (_start(job), job)
+                running[slot] = (_start(job, command), job)
                 on_start(job)
             forwarder.forward()
             time.sleep(poll_sec)
