@@ -109,7 +109,9 @@ def test_a_point_is_finished_when_its_last_step_is_saved(tmp_path):
     assert not is_finished(run)
     (run.workdir / "checkpoints" / "10").mkdir(parents=True)
     assert not is_finished(run)
-    (run.workdir / "checkpoints" / "20").mkdir()
+    (run.workdir / "checkpoints" / "20.orbax-checkpoint-tmp").mkdir()  # a save in progress
+    assert not is_finished(run)
+    (run.workdir / "checkpoints" / "30").mkdir()  # train.steps lowered since: done too
     assert is_finished(run)
 
 

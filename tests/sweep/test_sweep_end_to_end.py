@@ -148,3 +148,15 @@ def test_sigint_stops_the_runs_in_flight_and_a_rerun_finishes_them(swept, tmp_pa
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     for run in runs:
         assert metrics(tmp_path / run) == metrics(done / run)
+
+
+def test_a_failing_run_is_reported_with_its_last_line_and_exit_1(tmp_path):
+    """The loader accepts train.best_metric=bits_per_char; building the run on a toy task
+    refuses it (train.py exit 2): the sweep names the run and the reason, and exits 1."""
+    proc = sweep(tmp_path, "train.best_metric=bits_per_char", "--metric", "exact_match")
+    assert proc.returncode == 1
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("failed "))
+    assert line.startswith("failed base/seed=0 in ") and "exit 2: error: train.best_metric" in line
+    assert "1 run(s) failed: base/seed=0" in proc.stderr
+    record = json.loads((tmp_path / "sweep.jsonl").read_text())
+    assert record["status"] == "failed" and record["final"] == {}

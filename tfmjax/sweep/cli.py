@@ -76,18 +76,23 @@ def _announce(job: Job) -> None:
     print(f"start {job.name}{core}", flush=True)
 
 
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"
+
+
 def _finished(runs_by_name: dict, failed: list[str]):
     def on_end(job: Job) -> None:
         add_wall_time(job.workdir, job.wall_sec, job.returncode)
-        spec = runs_by_name[job.name]
-        if is_finished(spec):
-            what = "done"
-        elif job.returncode in (0, 130, 143):
-            what = "stopped (saved what it could)"
+        took = f"{job.name} in {job.wall_sec:.1f}s"
+        if is_finished(runs_by_name[job.name]):
+            print(f"done   {took}", flush=True)
+        elif job.returncode in (0, 130, 143):  # a signal: saved, or stopped before a step
+            print(f"stopped {took}", flush=True)
         else:
-            what = f"exit {job.returncode}: see {job.workdir / LOG_FILE}"
             failed.append(job.name)
-        print(f"{what:<6} {job.name} in {job.wall_sec:.1f}s", flush=True)
+            log = job.workdir / LOG_FILE
+            print(f"failed {took}: exit {job.returncode}: {_last_line(log)} ({log})", flush=True)
 
     return on_end
 
@@ -107,7 +112,14 @@ def report(sweep_dir: Path, runs, axes, base, metric: str) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_intermixed_args(argv)
+    try:
+        return _main(parser().parse_intermixed_args(argv))
+    except KeyboardInterrupt:  # before the pool took the signals over, or in the report
+        print("interrupted: runs already saved stay; rerun the same command", file=sys.stderr)
+        return 130
+
+
+def _main(args) -> int:
     try:
         base = load(args.config, args.overrides)
         sweep_dir = Path(args.workdir or f"runs/sweep-{base.name}")

@@ -25,9 +25,13 @@ DIVERGED = 1  # train.py's exit code for a non-finite loss
 
 
 def is_finished(spec: RunSpec) -> bool:
-    """Whether the run saved its last step (``checkpoints/<train.steps>``)."""
-    steps = spec.experiment.train.steps
-    return (spec.workdir / "checkpoints" / str(steps)).is_dir()
+    """Whether the run saved its last step: a checkpoint ``checkpoints/<step>`` with step >=
+    ``train.steps`` (a save in progress or a corrupt step has a suffix and does not count)."""
+    checkpoints = spec.workdir / "checkpoints"
+    if not checkpoints.is_dir():
+        return False
+    steps = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit() and p.is_dir()]
+    return max(steps, default=-1) >= spec.experiment.train.steps
 
 
 def read_run_file(workdir: Path) -> dict:
