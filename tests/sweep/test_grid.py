@@ -94,7 +94,6 @@ def test_expand_is_every_point_times_every_seed(tmp_path):
         (["modl.d_model=3"], "modl"),
         (["--seeds", "x"], "--seeds"),
         (["--metric", "bleu"], "bleu"),
-        (["--executor", "vmap"], "vmap"),
     ],
 )
 def test_cli_names_a_bad_key_or_value_in_one_line_before_training(argv, named, tmp_path, capsys):

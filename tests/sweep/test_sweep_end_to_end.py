@@ -160,3 +160,27 @@ def test_a_failing_run_is_reported_with_its_last_line_and_exit_1(tmp_path):
     assert "1 run(s) failed: base/seed=0" in proc.stderr
     record = json.loads((tmp_path / "sweep.jsonl").read_text())
     assert record["status"] == "failed" and record["final"] == {}
+
+
+def test_the_one_program_executor_gives_the_process_runs_records(swept, tmp_path):
+    """--executor vmap: a grid point's seeds trained as one vmapped program, in the sweep's
+    own process; each run's records equal the process run's within 1e-5 relative (batched
+    kernels round differently), timing aside."""
+    done, _ = swept
+    grid = ["--seeds", "0,1", "--grid", "optim.learning_rate=1e-3", "--executor", "vmap"]
+    proc = sweep(tmp_path, *grid)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "each grid point's seeds as one program" in proc.stdout
+    for run in RUNS[:2]:
+        got, want = metrics(tmp_path / run), metrics(done / run)
+        assert len(got) == len(want) == STEPS // 10 + 2
+        for g, w in zip(got, want, strict=True):
+            assert g.keys() == w.keys()
+            for key, value in w.items():
+                if isinstance(value, float):
+                    assert g[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (run, key)
+                else:
+                    assert g[key] == value
+        assert (tmp_path / run / "checkpoints" / str(STEPS)).is_dir()
+    records = [json.loads(line) for line in (tmp_path / "sweep.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in records] == ["done", "done"]

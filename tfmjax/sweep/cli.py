@@ -47,7 +47,13 @@ def parser() -> argparse.ArgumentParser:
         help="section.key=v1,v2,... (repeatable: the grid is every combination)",
     )
     p.add_argument("--workdir", help="the sweep's directory (default runs/sweep-<config name>)")
-    p.add_argument("--executor", choices=EXECUTORS, default="auto", help="auto: processes")
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="auto",
+        help="processes: a pool of train.py; vmap: each point's seeds as one program; "
+        "auto: vmap on an accelerator, else processes",
+    )
     p.add_argument("--jobs", type=int, help="runs at once (default: one per core)")
     p.add_argument("--no-pin", action="store_true", help="do not pin each run to a core")
     p.add_argument("--metric", help="eval metric of the table and plots (train.best_metric)")
@@ -59,16 +65,20 @@ def _options(args, base) -> tuple[str, int, list[int]]:
     metric = args.metric or base.train.best_metric
     if metric not in EVAL_METRICS:
         raise ConfigError(f"--metric {metric!r} is not an eval metric; use one of {EVAL_METRICS}")
-    if args.executor == "vmap":
-        raise ConfigError(
-            "--executor vmap (one program for runs of equal shapes) is not built yet; "
-            "use --executor processes"
-        )
     cores = default_cores()
     jobs = args.jobs if args.jobs is not None else len(cores)
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs} must be >= 1")
     return metric, jobs, cores
+
+
+def _executor(name: str) -> str:
+    """``auto``: the one-program executor on an accelerator, the process pool on a CPU."""
+    if name != "auto":
+        return name
+    import jax
+
+    return "processes" if jax.default_backend() == "cpu" else "vmap"
 
 
 def _announce(job: Job) -> None:
@@ -134,22 +144,28 @@ def _main(args) -> int:
     manifest = {"config": str(args.config), "overrides": args.overrides, "grid": args.grid}
     (sweep_dir / "sweep.json").write_text(json.dumps({**manifest, "seeds": seeds}) + "\n")
     todo = [spec for spec in runs if not is_finished(spec)]
+    executor = _executor(args.executor) if todo else "processes"
     slots = min(slots, max(len(todo), 1))
     plan = f"{len(todo)} to train, {slots} at once" if todo else "nothing to train"
     pinned = ", each on one core" if todo and not args.no_pin else ""
+    if executor == "vmap":
+        plan, pinned = f"{len(todo)} to train, each grid point's seeds as one program", ""
     print(
         f"sweep of {len(runs)} runs in {sweep_dir}: {len(runs) - len(todo)} done, {plan}{pinned}",
         flush=True,
     )
     failed: list[str] = []
-    jobs = [Job(spec.name, [str(args.config), *spec.overrides], spec.workdir) for spec in todo]
-    stopped = run_pool(
-        jobs,
-        slots=slots,
-        cores=None if args.no_pin else cores,
-        on_start=_announce,
-        on_end=_finished({spec.name: spec for spec in runs}, failed),
-    )
+    on_end = _finished({spec.name: spec for spec in runs}, failed)
+    if executor == "vmap":
+        from tfmjax.sweep.stacked import run_groups
+
+        name = run_groups(todo, _announce, on_end)
+        stopped = signal.Signals[name] if name else None
+    else:
+        argv = lambda spec: [str(args.config), *spec.overrides]
+        jobs = [Job(spec.name, argv(spec), spec.workdir) for spec in todo]
+        cores = None if args.no_pin else cores
+        stopped = run_pool(jobs, slots=slots, cores=cores, on_start=_announce, on_end=on_end)
     report(sweep_dir, runs, axes, base, metric)
     if stopped:
         name = signal.Signals(stopped).name
