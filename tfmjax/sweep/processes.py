@@ -1,7 +1,7 @@
 """The process executor: each run is ``train.py`` in a child process, a pool of them at once.
 
 A pool of ``jobs`` slots (by default one per core this process may use), each slot pinned to
-one core (``os.sched_setaffinity`` in the child, where the OS has it), so that runs do not
+one core (``os.sched_setaffinity`` of the child, where the OS has it), so that runs do not
 fight over cores. A child writes its console to ``<workdir>/train.log``.
 
 Signals: children run in sessions of their own, so a Ctrl-C at the terminal reaches the sweep
@@ -12,6 +12,7 @@ at once, as after a second Ctrl-C of their own).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -47,10 +48,13 @@ def default_cores() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
-def _pin(core: int | None) -> Callable[[], None] | None:
-    if core is None or not hasattr(os, "sched_setaffinity"):
-        return None
-    return lambda: os.sched_setaffinity(0, {core})
+def _pin(pid: int, core: int | None) -> None:
+    """Pin the child to ``core``, right after it started (no Python runs between its fork and
+    exec: a ``preexec_fn`` would, unsafe in a parent that runs JAX's threads). The child is
+    still starting Python then; the threads it starts later (XLA's) inherit the mask."""
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(ProcessLookupError):  # already gone: nothing to pin
+            os.sched_setaffinity(pid, {core})
 
 
 class _Forwarder:
@@ -89,14 +93,15 @@ def train_command() -> list[str]:
 def _start(job: Job, command: list[str]) -> subprocess.Popen:
     job.workdir.mkdir(parents=True, exist_ok=True)
     with open(job.workdir / LOG_FILE, "a") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [*command, *job.argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a terminal's Ctrl-C reaches the sweep only
-            preexec_fn=_pin(job.core),
         )
+    _pin(proc.pid, job.core)
+    return proc
 
 
 def run_pool(
