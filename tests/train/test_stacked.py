@@ -91,3 +91,41 @@ def test_only_seeds_may_differ(tmp_path):
     assert not stackable(a, c)
     with pytest.raises(ConfigError, match="differ only in train.seed"):
         train_stacked([a, c])
+
+
+def test_a_stopped_group_saves_every_run_and_resumes_to_the_same_records(tmp_path, monkeypatch):
+    """A signal at step 5 (set on the shared StopSignals flag right after that step's call):
+    every run saves step 5; the rerun resumes them and ends with the records and params of a
+    group never stopped, bit for bit (the same program runs the same steps)."""
+    import tfmjax.train.stacked as stacked_module
+    from tfmjax.train.stopping import StopSignals
+
+    straight = _experiments("configs/reverse.toml", tmp_path / "straight")
+    train_stacked(straight, streams=[io.StringIO(), io.StringIO()], plot=False)
+    stopped = _experiments("configs/reverse.toml", tmp_path / "stopped")
+    at_step_end = stacked_module._at_step_end
+    with StopSignals() as outer:
+
+        def signalled_at_5(loops, state, first, done, t):
+            state = at_step_end(loops, state, first, done, t)
+            if done == 5:
+                outer.requested = "SIGTERM"
+            return state
+
+        monkeypatch.setattr(stacked_module, "_at_step_end", signalled_at_5)
+        result = train_stacked(stopped, streams=[io.StringIO(), io.StringIO()], plot=False)
+    assert result == {"step": 5, "stopped": "SIGTERM"}
+    for exp in stopped:
+        saved = sorted(p.name for p in (Path(exp.workdir) / "checkpoints").iterdir())
+        assert saved == ["5"]
+    monkeypatch.setattr(stacked_module, "_at_step_end", at_step_end)
+    again = train_stacked(stopped, streams=[io.StringIO(), io.StringIO()], plot=False)
+    assert again == {"step": 12, "stopped": False}
+    for exp_r, exp_s in zip(stopped, straight, strict=True):
+        got = [deterministic_part(r) for r in read_records(Path(exp_r.workdir) / "metrics.jsonl")]
+        want = [deterministic_part(r) for r in read_records(Path(exp_s.workdir) / "metrics.jsonl")]
+        assert got == want
+        _, params_r, _ = load_for_inference(exp_r.workdir)
+        _, params_s, _ = load_for_inference(exp_s.workdir)
+        for r, s in zip(jax.tree.leaves(params_r), jax.tree.leaves(params_s), strict=True):
+            np.testing.assert_array_equal(np.asarray(r), np.asarray(s))
