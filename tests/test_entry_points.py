@@ -7,6 +7,7 @@ import pytest
 
 from tfmjax import generate, summary
 from tfmjax.config import SECTIONS, explain, load
+from tfmjax.sweep import cli as sweep_cli
 from tfmjax.train import plots
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +27,7 @@ ENTRY_POINTS = {
     "tfmjax.summary": lambda: summary.main,
     "tfmjax.train.plots": lambda: plots.main,
     "tfmjax.config.explain": lambda: explain.main,
+    "tfmjax.sweep": lambda: sweep_cli.main,
 }
 
 

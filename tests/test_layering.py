@@ -34,6 +34,7 @@ LAYER_GROUPS = [
     ("evaluation",),
     ("train", "interp", "hf"),
     ("generate", "summary", "config.explain"),
+    ("sweep",),
     ("api",),  # the Python API (tfmjax.experiment, fit, load, ...): a face over the rest
 ]
 LAYERS = {name: rank for rank, names in enumerate(LAYER_GROUPS) for name in names}

@@ -47,6 +47,7 @@ class Run:
     tokens_per_step: int  # padded positions per batch (what the step computes on)
     placement: Placement  # the mesh, the rules, the batch layout
     state_shardings: object  # a TrainState of shardings
+    step_fn: Callable | None = None  # the pure step, not jitted (tfmjax.train.stacked vmaps it)
 
     def batch(self, step: int, rows: slice | None = None) -> dict:
         """Batch ``step`` (host arrays): the global batch, or ``rows`` of it."""
@@ -219,4 +220,5 @@ def _build_run(experiment: Experiment) -> Run:
         sum(int(sample[key].size) for key in model.token_keys),
         placement,
         shardings,
+        step,
     )
