@@ -30,6 +30,10 @@ DECODER_ONLY = [
     ("tiny-mla", {"position": "alibi", "q_rank": None, "rope_dim": None, "window": 4}),
     ("tiny-linear", {}),  # recurrent state
     ("tiny-linear", {"feature_map": "favor", "num_features": 16, "num_kv_heads": 2}),
+    ("tiny-gpt2", {"position": "fire", "num_kv_heads": 2}),  # FIRE (Li et al. 2023)
+    ("tiny-gpt2", {"position": "abacus", "digit_first_id": 5}),  # places carried per step
+    ("tiny-gpt2", {"position_sampling": "randomized", "max_position": 64}),  # learned, 64 rows
+    ("tiny-gpt2", {"position": "relative", "position_sampling": "randomized", "max_position": 40}),
 ]
 ENCODER_DECODER = [
     ("tiny-vaswani", {}),  # sinusoidal, post-norm
@@ -39,6 +43,9 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"position": "relative", "window": 2, "scan_layers": False}),
     ("tiny-vaswani", {"attention": "mla", "kv_rank": 24, "global_tokens": 1}),
     ("tiny-vaswani", {"attention": "linear", "position": "rope", "num_kv_heads": 1}),
+    ("tiny-vaswani", {"position": "fire"}),
+    ("tiny-vaswani", {"position": "abacus", "digit_first_id": 5}),
+    ("tiny-vaswani", {"position": "alibi", "position_sampling": "randomized", "max_position": 64}),
 ]
 STEPS = 5
 TOL = dict(rtol=1e-5, atol=1e-5)

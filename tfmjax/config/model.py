@@ -239,8 +239,8 @@ class ModelConfig:
                 self.attention_impl in ("auto", "xla", "reference"),
                 "model.attention_impl",
                 self.attention_impl,
-                f"cannot add the dense bias of model.position={self.position!r}: use 'auto', "
-                "'xla' or 'reference'",
+                f"cannot add the dense {'T5 relative' if self.position == 'relative' else 'FIRE'} "
+                f"bias of model.position={self.position!r}: use 'auto', 'xla' or 'reference'",
             )
 
     def _check_embeddings_and_layers(self) -> None:

@@ -143,6 +143,8 @@ class TextSource:
     ``tokenizer``: use this one (e.g. restored from a checkpoint) instead of training one.
     """
 
+    digit_ids: tuple[int, ...] = ()  # a corpus has no digit tokens to give Abacus places
+
     def __init__(self, name: str, params: dict[str, Any], *, tokenizer: Tokenizer | None = None):
         if name not in CORPORA:
             raise ValueError(f"unknown corpus {name!r}; corpora: {', '.join(CORPORA)}")
