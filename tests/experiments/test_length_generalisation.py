@@ -13,7 +13,7 @@ def test_study_scores_each_length_and_reruns_only_what_is_missing(run_script, tm
     first = run_script("length_generalisation", tmp_path, *args)
     assert first.returncode == 0, first.stderr[-2000:]
     record = json.loads((tmp_path / "addition_reversed-decoder_only-none-seed0.json").read_text())
-    assert [p["length"] for p in record["scores"]] == [4, 6, 8]
+    assert [p["length"] for p in record["scores"]] == [4, 6, 8, 16]
     for point in record["scores"]:
         assert 0.0 <= point["exact_match"] <= 1.0 and 0.0 <= point["token_accuracy"] <= 1.0
     assert "model.position=none" in record["train"]["overrides"]
