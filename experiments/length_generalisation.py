@@ -15,7 +15,8 @@ only); and ``randomized_X``: encoding X trained on sorted random positions below
 never trained (unless randomized). Each run trains with ``train.py`` (see
 ``experiments/sweep.py``), then the checkpoint is scored in this process with greedy
 decoding on 256 eval-split examples per length; the result is
-``experiments/results/length/TASK-FAMILY-ENCODING-seedS.json``, keyed by a hash of the config and the evaluation, so the study can span sittings.
+``experiments/results/length/TASK-FAMILY-ENCODING-seedS.json``, keyed by a hash of the
+config and the evaluation, so the study can span sittings.
 """
 
 from __future__ import annotations
