@@ -66,7 +66,7 @@ def test_digit_runs_match_the_abacus_oracle_and_carry_across_chunks():
 def test_fire_bias_matches_the_formula(bidirectional):
     module = positions.FireBias(3, 8, 6.0, bidirectional)
     q = jnp.array([[0, 2, 5, 9, 14], [3, 4, 5, 6, 7]])
-    params = module.init(jax.random.key(0), q, q)
+    params = meta.unbox(module.init(jax.random.key(0), q, q))
     got = np.asarray(module.apply(params, q, q))
     p = jax.tree.map(np.asarray, params["params"])
     softplus = lambda x: float(np.log1p(np.exp(x)))  # noqa: E731

@@ -13,7 +13,7 @@ from tfmjax.kernels.masks import (
     alibi_bias,
     alibi_slopes,  # noqa: F401  (re-exported: one definition)
 )
-from tfmjax.layers.axes import EMBED, HEADS, named
+from tfmjax.layers.axes import EMBED, HEADS, dense_inits, named
 
 
 def sinusoidal(positions, d_model: int, base: float = 10000.0, layout: str = "interleaved"):
@@ -185,4 +185,5 @@ class FireBias(nn.Module):
             features.append((distance < 0).astype(jnp.float32))
         x = jnp.stack(features, axis=-1)  # [B,T,S,1|2]
         h = nn.relu(nn.Dense(self.hidden, name="fire_in")(x))
-        return jnp.moveaxis(nn.Dense(self.num_heads, name="fire_out")(h), -1, 1)
+        out = nn.Dense(self.num_heads, name="fire_out", **dense_inits((None, HEADS), (HEADS,)))
+        return jnp.moveaxis(out(h), -1, 1)  # [B,N,T,S]
