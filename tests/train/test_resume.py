@@ -16,10 +16,11 @@ from tfmjax.train.loop import train
 STEPS = 12
 
 
-def experiment(family: str, workdir) -> object:
+def experiment(family: str, workdir, **model) -> object:
     return from_dict(
         {
             "model": {
+                **model,
                 "family": family,
                 "vocab_size": 16,
                 "d_model": 16,
@@ -87,15 +88,24 @@ def run_recording(exp, **kw):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
-def test_stop_crash_resume_is_bit_exact(tmp_path, family):
+@pytest.mark.parametrize(
+    "family,model",
+    [
+        ("encoder_decoder", {}),
+        ("decoder_only", {}),
+        # positions drawn from the step's dropout key (Ruoss et al. 2023): the same on resume
+        ("decoder_only", {"position_sampling": "randomized", "max_len": 16, "max_position": 64}),
+    ],
+    ids=["encoder_decoder", "decoder_only", "decoder_only-randomized"],
+)
+def test_stop_crash_resume_is_bit_exact(tmp_path, family, model):
     """SIGTERM at 5, a crash after 10, a rerun: each run starts where it must (6, then 9 from
     checkpoint 8) and the end is bit-identical to a straight run, params and records."""
-    straight = experiment(family, tmp_path / "straight")
+    straight = experiment(family, tmp_path / "straight", **model)
     result = run(straight)
     assert result["step"] == STEPS and not result["stopped"]
 
-    broken = experiment(family, tmp_path / "broken")
+    broken = experiment(family, tmp_path / "broken", **model)
     first, steps, _ = run_recording(broken, on_step=sigterm_at(5))  # mid log window (3 | 6)
     assert first == {**first, "step": 5, "stopped": True} and steps == [1, 2, 3, 4, 5]
     crashed = []  # the steps the second run ran: it resumed from 5, the SIGTERM save
