@@ -1,19 +1,22 @@
-"""Train short, test long: each position encoding on copy, reverse and reversed-digit
-addition, evaluated at 1x, 1.5x and 2x the longest training length, both families.
+"""Train short, test long: each position encoding on copy, reverse and (reversed-digit)
+addition, evaluated at 1x, 1.5x, 2x and 4x the longest training length, both families.
 
     python experiments/length_generalisation.py           # run what is missing, print the table
     python experiments/length_generalisation.py --table  # ... and rewrite docs/studies.md + PNG
     python experiments/length_generalisation.py --only copy --encodings rope,alibi --seeds 0
 
-Training lengths: copy and reverse 1-8 symbols (tested at 8, 12, 16), addition operands of
-1-4 digits (tested with exactly 4, 6, 8 digits). Encodings: sinusoidal, learned, RoPE,
+Training lengths: copy and reverse 1-8 symbols (tested at 8, 12, 16, 32), addition operands
+of 1-4 digits (tested with exactly 4, 6, 8, 16 digits). Encodings: sinusoidal, learned, RoPE,
 ALiBi, T5 relative buckets, and none (decoder-only: a causal decoder can count positions
-itself; an encoder without positions cannot tell orders apart). Every model has
-``max_len = 64`` positions, so learned positions past the training lengths exist but were
-never trained. Each run trains with ``train.py`` (see ``experiments/sweep.py``), then the
-checkpoint is scored in this process with greedy decoding on 256 eval-split examples per
-length; the result is ``experiments/results/length/TASK-FAMILY-ENCODING-seedS.json``,
-keyed by a hash of the config and the evaluation, so the study can span sittings.
+itself; an encoder without positions cannot tell orders apart); FIRE; Abacus (addition
+only); and ``randomized_X``: encoding X trained on sorted random positions below
+``MAX_POSITION`` (Ruoss et al. 2023; docs/length_generalisation.md). Every model has
+``max_len = 72`` positions, so learned positions past the training lengths exist but were
+never trained (unless randomized). Each run trains with ``train.py`` (see
+``experiments/sweep.py``), then the checkpoint is scored in this process with greedy
+decoding on 256 eval-split examples per length; the result is
+``experiments/results/length/TASK-FAMILY-ENCODING-seedS.json``, keyed by a hash of the
+config and the evaluation, so the study can span sittings.
 """
 
 from __future__ import annotations
@@ -34,9 +37,19 @@ from sweep import parser as sweep_parser  # noqa: E402
 RESULTS = ROOT / "experiments" / "results" / "length"
 FIGURE = ROOT / "docs" / "length_generalisation.png"
 FAMILIES = {"decoder_only": "_decoder", "encoder_decoder": ""}
-ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "relative", "none")
-FACTORS = (1.0, 1.5, 2.0)
-SEEDS = (0, 1)
+BASE_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "relative")
+ENCODINGS = (
+    *BASE_ENCODINGS,
+    "none",
+    "fire",
+    "abacus",
+    *(f"randomized_{e}" for e in BASE_ENCODINGS),
+)
+FACTORS = (1.0, 1.5, 2.0, 4.0)
+SEEDS = (0, 1, 2)
+MAX_LEN = 72  # holds a decoder-only copy of 4 x 8 symbols: 32 + SEP + 32 + EOS
+MAX_POSITION = 256  # randomized positions are drawn below this
+DIGIT_TASKS = ("addition", "addition_reversed")  # where Abacus places apply
 EVAL_EXAMPLES = 256
 # Per task: the training lengths (task params), the length parameter and its training
 # maximum, and per family the overrides that keep a run near one minute on one core. The
@@ -46,6 +59,14 @@ EVAL_EXAMPLES = 256
 TASKS = {
     "copy": {"params": {"min_len": 1, "max_len": 8}, "length": "max_len", "train": {}},
     "reverse": {"params": {"min_len": 1, "max_len": 8}, "length": "max_len", "train": {}},
+    "addition": {
+        "params": {"num_digits": 4},
+        "length": "num_digits",
+        "train": {
+            "encoder_decoder": ["data.batch_size=64", "train.steps=3000"],
+            "decoder_only": ["data.batch_size=128", "train.steps=4000"],
+        },
+    },
     "addition_reversed": {
         "params": {"num_digits": 4},
         "length": "num_digits",
@@ -58,16 +79,37 @@ TASKS = {
 BEGIN, END = "<!-- length-table -->", "<!-- /length-table -->"
 
 
+def applies(task: str, family: str, encoding: str) -> bool:
+    """No positions: decoder-only only; Abacus places: the addition tasks only."""
+    if encoding == "none" and family == "encoder_decoder":
+        return False
+    return encoding != "abacus" or task in DIGIT_TASKS
+
+
 def runs(tasks, families, encodings, seeds):
-    """Every (task, family, encoding, seed) of the study (no positions: decoder-only)."""
+    """Every (task, family, encoding, seed) of the study that :func:`applies`."""
     return [
         (task, family, encoding, seed)
         for task in tasks
         for family in families
         for encoding in encodings
-        if not (encoding == "none" and family == "encoder_decoder")
+        if applies(task, family, encoding)
         for seed in seeds
     ]
+
+
+def encoding_overrides(encoding: str) -> list[str]:
+    """The model overrides of a study encoding name."""
+    if encoding.startswith("randomized_"):
+        base = encoding.removeprefix("randomized_")
+        return [
+            f"model.position={base}",
+            "model.position_sampling=randomized",
+            f"model.max_position={MAX_POSITION}",
+        ]
+    if encoding == "abacus":
+        return ["model.position=abacus", "model.digit_first_id=5"]
+    return [f"model.position={encoding}"]
 
 
 def config_of(task: str, family: str) -> str:
@@ -78,8 +120,8 @@ def overrides(task: str, family: str, encoding: str, seed: int, extra: list[str]
     spec = TASKS[task]
     params = [f"data.task_params.{k}={v}" for k, v in spec["params"].items()]
     return [
-        f"model.position={encoding}",
-        "model.max_len=64",
+        *encoding_overrides(encoding),
+        f"model.max_len={MAX_LEN}",
         *params,
         *spec["train"].get(family, []),
         f"train.seed={seed}",
@@ -188,7 +230,7 @@ def table(tasks, families, encodings, seeds) -> str:
     for task in tasks:
         for family in families:
             for encoding in encodings:
-                if encoding == "none" and family == "encoder_decoder":
+                if not applies(task, family, encoding):
                     continue
                 em, n = _mean_scores(task, family, encoding, seeds, "exact_match")
                 if em is None:

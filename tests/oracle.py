@@ -181,3 +181,34 @@ def oracle_rope(x, positions, base: float = 10000.0, layout: str = "interleaved"
                 out[b, t, :, first] = c * x0 - s * x1
                 out[b, t, :, second] = s * x0 + c * x1
     return out
+
+
+def oracle_fire(q_pos, kv_pos, c, threshold, w_in, b_in, w_out, b_out, bidirectional: bool):
+    """FIRE (Li et al. 2023): ``b(i, j) = f(psi(i - j) / psi(max(L, i)))``, ``psi(x) =
+    log(c x + 1)``, ``f(x) = W_out relu(W_in x + b_in) + b_out`` with one output per head;
+    bidirectional (our extension): ``psi(|i - j|)`` and a second input ``[j > i]``.
+    ``q_pos [T]``, ``kv_pos [S]`` -> ``[N, T, S]``, loops over query and key."""
+    T, S, N = len(q_pos), len(kv_pos), w_out.shape[1]
+    out = np.zeros((N, T, S))
+    for t in range(T):
+        for s in range(S):
+            i, j = float(q_pos[t]), float(kv_pos[s])
+            x = [math.log(c * abs(i - j) + 1) / math.log(c * max(threshold, i) + 1)]
+            if bidirectional:
+                x.append(1.0 if j > i else 0.0)
+            hidden = np.maximum(np.asarray(x) @ w_in + b_in, 0.0)
+            out[:, t, s] = hidden @ w_out + b_out
+    return out
+
+
+def oracle_abacus_places(ids, first_digit: int):
+    """Abacus places (McLeish et al. 2024): a digit's 1-based index within its number (a run
+    of consecutive digit tokens, counted in the order written), 0 for any other token.
+    ``ids [B,T]`` -> ``[B,T]``."""
+    out = np.zeros(np.shape(ids), np.int64)
+    for b, row in enumerate(np.asarray(ids)):
+        place = 0
+        for t, token in enumerate(row):
+            place = place + 1 if first_digit <= token < first_digit + 10 else 0
+            out[b, t] = place
+    return out

@@ -34,6 +34,10 @@ DECODER_ONLY = [
     # top-1 every other block (a scanned stack of 2-block groups); dropless: with a capacity
     # the prefill could drop a token that one-token steps never drop
     ("tiny-switch", {"moe_capacity_factor": 0.0, "num_layers": 4}),
+    ("tiny-gpt2", {"position": "fire", "num_kv_heads": 2}),  # FIRE (Li et al. 2023)
+    ("tiny-gpt2", {"position": "abacus", "digit_first_id": 5}),  # places carried per step
+    ("tiny-gpt2", {"position_sampling": "randomized", "max_position": 64}),  # learned, 64 rows
+    ("tiny-gpt2", {"position": "relative", "position_sampling": "randomized", "max_position": 40}),
 ]
 ENCODER_DECODER = [
     ("tiny-vaswani", {}),  # sinusoidal, post-norm
@@ -44,6 +48,9 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"attention": "mla", "kv_rank": 24, "global_tokens": 1}),
     ("tiny-vaswani", {"attention": "linear", "position": "rope", "num_kv_heads": 1}),
     ("tiny-vaswani", {"moe_experts": 4, "moe_top_k": 2, "moe_capacity_factor": 0.0}),
+    ("tiny-vaswani", {"position": "fire"}),
+    ("tiny-vaswani", {"position": "abacus", "digit_first_id": 5}),
+    ("tiny-vaswani", {"position": "alibi", "position_sampling": "randomized", "max_position": 64}),
 ]
 STEPS = 5
 TOL = dict(rtol=1e-5, atol=1e-5)

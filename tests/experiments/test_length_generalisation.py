@@ -9,14 +9,16 @@ import pytest
 @pytest.mark.slow
 def test_study_scores_each_length_and_reruns_only_what_is_missing(run_script, tmp_path):
     args = ["--only", "addition_reversed", "--families", "decoder_only", "--seeds", "0"]
-    args += ["--encodings", "none", "--figure", str(tmp_path / "len.png")]
+    args += ["--encodings", "none,abacus", "--figure", str(tmp_path / "len.png")]
     first = run_script("length_generalisation", tmp_path, *args)
     assert first.returncode == 0, first.stderr[-2000:]
     record = json.loads((tmp_path / "addition_reversed-decoder_only-none-seed0.json").read_text())
-    assert [p["length"] for p in record["scores"]] == [4, 6, 8]
+    assert [p["length"] for p in record["scores"]] == [4, 6, 8, 16]
     for point in record["scores"]:
         assert 0.0 <= point["exact_match"] <= 1.0 and 0.0 <= point["token_accuracy"] <= 1.0
     assert "model.position=none" in record["train"]["overrides"]
+    abacus = json.loads((tmp_path / "addition_reversed-decoder_only-abacus-seed0.json").read_text())
+    assert "model.digit_first_id=5" in abacus["train"]["overrides"]
     assert "| `addition_reversed` | decoder_only | none | 1 |" in first.stdout
     assert (tmp_path / "len.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = run_script("length_generalisation", tmp_path, *args)

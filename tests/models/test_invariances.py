@@ -15,7 +15,7 @@ FAMILY_PRESETS = {
     "decoder_only": "tiny-gpt2",
     "encoder_only": "tiny-bert",
 }
-POSITIONS = ["sinusoidal", "learned", "rope", "alibi", "relative"]
+POSITIONS = ["sinusoidal", "learned", "rope", "alibi", "relative", "fire"]
 
 
 def _cfg(family, **kw):

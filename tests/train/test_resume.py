@@ -25,6 +25,7 @@ def experiment(family: str, workdir, **model) -> object:
     return from_dict(
         {
             "model": {
+                **model,
                 "family": family,
                 "vocab_size": 16,
                 "d_model": 16,
@@ -95,8 +96,14 @@ def run_recording(exp, **kw):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "family, model",
-    [("encoder_decoder", {}), ("decoder_only", {}), ("decoder_only", MOE)],
-    ids=["encoder_decoder", "decoder_only", "decoder_only_moe"],
+    [
+        ("encoder_decoder", {}),
+        ("decoder_only", {}),
+        ("decoder_only", MOE),
+        # positions drawn from the step's dropout key (Ruoss et al. 2023): the same on resume
+        ("decoder_only", {"position_sampling": "randomized", "max_len": 16, "max_position": 64}),
+    ],
+    ids=["encoder_decoder", "decoder_only", "decoder_only_moe", "decoder_only-randomized"],
 )
 def test_stop_crash_resume_is_bit_exact(tmp_path, family, model):
     """SIGTERM at 5, a crash after 10, a rerun: each run starts where it must (6, then 9 from

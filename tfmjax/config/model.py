@@ -19,6 +19,7 @@ from tfmjax.config.choices import (
 )
 from tfmjax.config.fields import option
 from tfmjax.config.moe_checks import check_moe
+from tfmjax.config.position_checks import check_position_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +48,25 @@ class ModelConfig:
         256, help="longest sequence the model accepts (size of a learned position table)"
     )
     position: str = option(
-        "sinusoidal", help="sinusoidal, learned, rope, alibi, relative (T5 buckets) or none"
+        "sinusoidal",
+        help="sinusoidal, learned, rope, alibi, relative (T5 buckets), fire (learned bias of "
+        "the normalised distance), abacus (digit place in its number) or none",
     )
+    position_sampling: str = option(
+        "ordered",
+        help="ordered (0..T-1) or randomized: training rows take a sorted random subset of "
+        "[0, max_position) (Ruoss et al. 2023)",
+    )
+    max_position: int | None = option(
+        None, help="randomized sampling draws positions below this (>= max_len); none = max_len"
+    )
+    abacus_max_offset: int = option(
+        100, help="abacus: training adds a random offset in [0, this) to digit places"
+    )
+    digit_first_id: int | None = option(
+        None, help="abacus: the id of digit 0, digits being it and the next 9 (addition: 5)"
+    )
+    fire_hidden: int = option(32, help="fire: width of the MLP of the normalised distance")
     sinusoidal_layout: str = option(
         "interleaved", help="sinusoidal features: interleaved sin/cos pairs or half_split"
     )
@@ -179,6 +197,7 @@ class ModelConfig:
         self._check_heads_and_positions()
         self._check_embeddings_and_layers()
         check_moe(self)
+        check_position_options(self)
         if self.attention_impl == "cudnn":
             self._check_cudnn()
 
@@ -240,13 +259,13 @@ class ModelConfig:
                 self.head_width,
                 "RoPE rotates pairs of features, so the head width must be even",
             )
-        if self.position == "relative":
+        if self.position in ("relative", "fire"):
             require(
                 self.attention_impl in ("auto", "xla", "reference"),
                 "model.attention_impl",
                 self.attention_impl,
-                "cannot add the dense T5 relative bias of "
-                "model.position='relative': use 'auto', 'xla' or 'reference'",
+                f"cannot add the dense {'T5 relative' if self.position == 'relative' else 'FIRE'} "
+                f"bias of model.position={self.position!r}: use 'auto', 'xla' or 'reference'",
             )
 
     def _check_embeddings_and_layers(self) -> None:
@@ -334,7 +353,7 @@ class ModelConfig:
             )
         if self.attention == "linear":
             require(
-                self.position not in ("alibi", "relative"),
+                self.position not in ("alibi", "relative", "fire"),
                 "model.position",
                 self.position,
                 "linear attention has no score matrix to add a position bias to: use "
@@ -360,6 +379,7 @@ class ModelConfig:
         use = "use model.attention_impl 'auto', 'pallas' or 'xla'"
         cannot = [
             ("position", self.position == "alibi", "ALiBi distance biases"),
+            ("position", self.position == "fire", "FIRE's dense bias"),
             ("attention", self.attention == "mla", "MLA's latent keys (shared RoPE features)"),
             ("attention_stride", self.attention_stride is not None, "strided patterns"),
             ("global_tokens", self.global_tokens > 0, "global-token patterns"),
@@ -403,6 +423,14 @@ class ModelConfig:
         if self.position != "rope":
             return 0
         return self.head_width // 2 if self.rope_dim is None else self.rope_dim
+
+    @property
+    def position_rows(self) -> int:
+        """Positions a model may see: ``max_position`` under randomized sampling, else
+        ``max_len`` (the rows of a learned table, before ``position_offset``)."""
+        if self.position_sampling == "randomized" and self.max_position is not None:
+            return max(self.max_len, self.max_position)
+        return self.max_len
 
     @property
     def kv_heads(self) -> int:

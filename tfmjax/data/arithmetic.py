@@ -47,6 +47,10 @@ class AdditionTask(Task):
     def name(self) -> str:  # type: ignore[override]
         return "addition_reversed" if self.reversed_answer else "addition"
 
+    @property
+    def digit_ids(self) -> tuple[int, ...]:
+        return tuple(self.vocab.token_id(d) for d in _DIGITS)
+
     def _operand(self, rng: np.random.Generator, long: bool) -> int:
         if long or self.exact_digits:  # exactly d digits
             d = self.num_digits

@@ -69,6 +69,12 @@ class Task(abc.ABC):
             cls.name = cls.__name__
 
     @property
+    def digit_ids(self) -> tuple[int, ...]:
+        """The ids of the digits 0-9 in order (Abacus places, McLeish et al. 2024); empty
+        when the task writes no numbers."""
+        return ()
+
+    @property
     def supports_length_split(self) -> bool:
         """Whether split "length" exists for this task (and these params)."""
         return True

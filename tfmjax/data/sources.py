@@ -34,6 +34,10 @@ class ToySource:
     def vocab_size(self) -> int:
         return self.task.vocab.size
 
+    @property
+    def digit_ids(self) -> tuple[int, ...]:
+        return self.task.digit_ids
+
     def check_split(self, split: str) -> None:
         self.task.check_split(split)
 

@@ -149,6 +149,8 @@ class TextSource:
     ``origin``: where a checkpoint's ``"text:PATH"`` file was (its ``task_origin`` asset).
     """
 
+    digit_ids: tuple[int, ...] = ()  # a corpus has no digit tokens to give Abacus places
+
     def __init__(
         self,
         name: str,

@@ -1,14 +1,19 @@
 """Positional encodings: sinusoidal (Vaswani 2017), learned, RoPE (Su 2021), ALiBi (Press 2022),
-T5 relative bias (Raffel 2020)."""
+T5 relative bias (Raffel 2020), FIRE (Li et al. 2023); randomized position sampling (Ruoss et al.
+2023) and Abacus digit places (McLeish et al. 2024)."""
 
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfmjax.kernels.masks import alibi_slopes  # noqa: F401  (re-exported: one definition)
-from tfmjax.layers.axes import EMBED, HEADS, named
+from tfmjax.kernels.masks import (
+    alibi_bias,
+    alibi_slopes,  # noqa: F401  (re-exported: one definition)
+)
+from tfmjax.layers.axes import EMBED, HEADS, dense_inits, named
 
 
 def sinusoidal(positions, d_model: int, base: float = 10000.0, layout: str = "interleaved"):
@@ -100,13 +105,85 @@ class RelativePositionBias(nn.Module):
 
     @nn.compact
     def __call__(self, q_pos, kv_pos):
-        """``q_pos [T]``, ``kv_pos [S]`` (absolute positions)."""
+        """``q_pos [T]``, ``kv_pos [S]`` (absolute positions) -> ``[1,N,T,S]``; per row
+        ``q_pos [B,T]``, ``kv_pos [B,S]`` -> ``[B,N,T,S]``."""
         init = named(nn.initializers.normal(0.02), None, HEADS)
         table = self.param("rel_bias", init, (self.num_buckets, self.num_heads))
         buckets = relative_bucket(
-            kv_pos[None, :] - q_pos[:, None],
+            kv_pos[..., None, :] - q_pos[..., :, None],
             bidirectional=self.bidirectional,
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        return jnp.transpose(table[buckets], (2, 0, 1))[None]
+        bias = jnp.moveaxis(table[buckets], -1, -3)  # [..., N, T, S]
+        return bias if bias.ndim == 4 else bias[None]
+
+
+def alibi_row_bias(slopes, q_pos, kv_pos):
+    """ALiBi ``-m_n |p - s|`` from per-row positions ``q_pos [B,T]``, ``kv_pos [B,S]``:
+    ``[B,N,T,S]`` (the dense form randomized positions need; slot distances otherwise)."""
+    return jax.vmap(alibi_bias, in_axes=(None, 0, 0))(slopes, q_pos, kv_pos)
+
+
+def randomized_positions(key, index, lengths, max_position: int):
+    """Ruoss et al. (2023): each row's tokens take a sorted uniform random subset of
+    ``[0, max_position)`` in place of ``0..n-1``.
+
+    ``index [B,T]``: each token's place in its segment (0-based); ``lengths [B]``: the row's
+    ``n`` (its longest segment; a packed row's shorter segments take the first places of the
+    same subset). Returns ``[B,T]`` int32, ``positions[b, t] = sorted_subset_b[index[b, t]]``.
+    The first ``n`` entries of a uniform random permutation are a uniform ``n``-subset.
+    """
+    B, T = index.shape
+    order = jnp.argsort(jax.random.uniform(key, (B, max_position)), axis=1)[:, :T]
+    order = jnp.where(jnp.arange(T)[None, :] < lengths[:, None], order, max_position)
+    subset = jnp.sort(order, axis=1)  # the row's n positions first, then the sentinel
+    picked = jnp.take_along_axis(subset, jnp.clip(index, 0, T - 1), axis=1)
+    return jnp.where(picked < max_position, picked, 0).astype(jnp.int32)
+
+
+def digit_runs(ids, first_digit: int, carry=None):
+    """Abacus places (McLeish et al. 2024): each digit's 1-based place within its run of
+    consecutive digits (a number), 0 on every other token. ``ids [B,T]`` -> ``[B,T]`` int32.
+
+    ``carry [B]``: the place of the token before ``ids[:, 0]`` (decoding one token at a time);
+    a run that starts the chunk continues it.
+    """
+    T = ids.shape[1]
+    is_digit = (ids >= first_digit) & (ids < first_digit + 10)
+    idx = jnp.arange(T)[None, :]
+    last_other = jax.lax.cummax(jnp.where(is_digit, -1, idx), axis=1)  # -1: none yet
+    carried = 0 if carry is None else jnp.where(last_other < 0, carry[:, None], 0)
+    return jnp.where(is_digit, idx - last_other + carried, 0).astype(jnp.int32)
+
+
+class FireBias(nn.Module):
+    """FIRE (Li et al. 2023): ``b(i, j) = f(psi(i - j) / psi(max(L, i)))`` with
+    ``psi(x) = log(c x + 1)``, ``f`` an MLP ``1 -> hidden -> N`` (one bias per head), ``c``
+    and the threshold ``L`` learned (kept positive by a softplus; initial ``c = 0.1``,
+    ``L = init_threshold``). Bidirectional: ``|i - j|`` and a second MLP input ``[j > i]``.
+
+    ``q_pos [B,T]``, ``kv_pos [B,S]`` (absolute positions) -> ``[B,N,T,S]`` float32.
+    """
+
+    num_heads: int
+    hidden: int
+    init_threshold: float
+    bidirectional: bool
+
+    @nn.compact
+    def __call__(self, q_pos, kv_pos):
+        softplus_inv = lambda y: float(np.log(np.expm1(y)))  # noqa: E731
+        c = jax.nn.softplus(self.param("c", nn.initializers.constant(softplus_inv(0.1)), ()))
+        init_l = nn.initializers.constant(softplus_inv(self.init_threshold))
+        threshold = jax.nn.softplus(self.param("threshold", init_l, ()))
+        i = q_pos.astype(jnp.float32)[:, :, None]  # [B,T,1]
+        distance = i - kv_pos.astype(jnp.float32)[:, None, :]  # [B,T,S]
+        psi = lambda x: jnp.log(c * x + 1.0)  # noqa: E731
+        features = [psi(jnp.abs(distance)) / psi(jnp.maximum(threshold, i))]
+        if self.bidirectional:
+            features.append((distance < 0).astype(jnp.float32))
+        x = jnp.stack(features, axis=-1)  # [B,T,S,1|2]
+        h = nn.relu(nn.Dense(self.hidden, name="fire_in")(x))
+        out = nn.Dense(self.num_heads, name="fire_out", **dense_inits((None, HEADS), (HEADS,)))
+        return jnp.moveaxis(out(h), -1, 1)  # [B,N,T,S]

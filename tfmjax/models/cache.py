@@ -56,6 +56,7 @@ class KVCache:
     lengths: jax.Array
     encoded: jax.Array | None = None
     encoded_segment_ids: jax.Array | None = None
+    digit_run: jax.Array | None = None  # [B] abacus place of the last token fed (else None)
 
     @property
     def self_attention(self) -> tuple:
@@ -100,7 +101,8 @@ class KVCache:
         """
         take = lambda a: jnp.take(a, rows, axis=0)
         layers = tuple(_map_rows(layer, take, False) for layer in self.layers)
-        return dataclasses.replace(self, layers=layers, lengths=take(self.lengths))
+        runs = None if self.digit_run is None else take(self.digit_run)
+        return dataclasses.replace(self, layers=layers, lengths=take(self.lengths), digit_run=runs)
 
     def repeat(self, n: int) -> KVCache:
         """Each row repeated ``n`` times, consecutively (``[B] -> [B*n]``)."""
@@ -110,4 +112,5 @@ class KVCache:
             lengths=rep(self.lengths),
             encoded=rep(self.encoded),
             encoded_segment_ids=rep(self.encoded_segment_ids),
+            digit_run=rep(self.digit_run),
         )

@@ -15,7 +15,16 @@ from tfmjax.layers.embeddings import TokenEmbedding
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.mlp import PLAIN
 from tfmjax.layers.norms import make_norm
-from tfmjax.layers.positions import LearnedPositions, RelativePositionBias, alibi_slopes, sinusoidal
+from tfmjax.layers.positions import (
+    FireBias,
+    LearnedPositions,
+    RelativePositionBias,
+    alibi_row_bias,
+    alibi_slopes,
+    digit_runs,
+    randomized_positions,
+    sinusoidal,
+)
 from tfmjax.layers.stack import LayerStack
 
 DTYPES = {name: jnp.dtype(name) for name in config_dtypes}  # model.dtype -> compute dtype
@@ -117,6 +126,29 @@ def positions_from_segments(segment_ids):
     return jnp.where(segment_ids > 0, positions, 0).astype(jnp.int32)
 
 
+def token_positions(module: nn.Module, segment_ids, cfg: ModelConfig, deterministic: bool):
+    """The positions of a batch's tokens ``[B,T]``: ``0..n-1`` per segment, or, training
+    under ``model.position_sampling = "randomized"``, a sorted random subset of
+    ``[0, model.max_position)`` per row (Ruoss et al. 2023) drawn from the step's dropout
+    key (``fold_in(root, step)``: a resumed run draws the same)."""
+    index = segment_positions(segment_ids)
+    if deterministic or cfg.position_sampling != "randomized" or module.is_initializing():
+        return index
+    lengths = jnp.max(jnp.where(segment_ids > 0, index + 1, 0), axis=1)
+    return randomized_positions(module.make_rng("dropout"), index, lengths, cfg.position_rows)
+
+
+def abacus_places(module: nn.Module, ids, cfg: ModelConfig, deterministic: bool, carry=None):
+    """Abacus places of ``ids [B,T]`` (:func:`digit_runs`), shifted while training by a
+    random offset in ``[0, model.abacus_max_offset)`` per row (McLeish et al. 2024)."""
+    places = digit_runs(ids, cfg.digit_first_id, carry)
+    if deterministic or module.is_initializing():
+        return places
+    key = module.make_rng("dropout")
+    offset = jax.random.randint(key, (ids.shape[0], 1), 0, cfg.abacus_max_offset)
+    return jnp.where(places > 0, places + offset, 0)
+
+
 def padding_segments(tokens, pad_id: int | None):
     """Segment ids that mark padding only: 0 where ``tokens == pad_id``, else 1. ``[B,T]``.
 
@@ -143,11 +175,16 @@ class Embedder(nn.Module):
         self.tokens = TokenEmbedding(
             cfg.vocab_size, cfg.d_model, DTYPES[cfg.dtype], name="token_embed"
         )
-        rows = cfg.max_len + cfg.position_offset
+        rows = cfg.position_rows + cfg.position_offset
         sides = ("", "decoder_") if cfg.per_side_embeddings else ("",)
         if cfg.position == "learned":
             self.learned = [
                 LearnedPositions(rows, cfg.d_model, name=f"{s}pos_embed") for s in sides
+            ]
+        if cfg.position == "abacus":  # places 1..max_len, plus the offset; 0: not a digit
+            rows = cfg.max_len + cfg.abacus_max_offset
+            self.learned = [
+                LearnedPositions(rows, cfg.d_model, name=f"{s}abacus_embed") for s in sides
             ]
         if cfg.type_vocab_size:
             init = named(nn.linear.default_embed_init, None, EMBED)
@@ -158,8 +195,11 @@ class Embedder(nn.Module):
             self.norms = [make_norm(cfg.norm, cfg.norm_eps, name=f"{s}embed_norm") for s in sides]
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
-    def __call__(self, ids, positions, *, deterministic: bool, token_types=None, side="encoder"):
-        """``ids, positions [B,T]``; ``token_types [B,T]`` (default 0) if ``type_vocab_size``."""
+    def __call__(
+        self, ids, positions, *, deterministic: bool, token_types=None, side="encoder", carry=None
+    ):
+        """``ids, positions [B,T]``; ``token_types [B,T]`` (default 0) if ``type_vocab_size``;
+        ``carry [B]``: abacus place of the token before ``ids`` (cached decoding)."""
         cfg = self.cfg
         own = int(cfg.per_side_embeddings and side == "decoder")
         x = self.tokens(ids)
@@ -171,6 +211,10 @@ class Embedder(nn.Module):
             x = x + hook(self, f"{side}.hook_pos_embed", pe.astype(x.dtype))
         elif cfg.position == "learned":
             pe = self.learned[own](positions + cfg.position_offset).astype(x.dtype)
+            x = x + hook(self, f"{side}.hook_pos_embed", pe)
+        elif cfg.position == "abacus":
+            places = abacus_places(self, ids, cfg, deterministic, carry)
+            pe = self.learned[own](places).astype(x.dtype)
             x = x + hook(self, f"{side}.hook_pos_embed", pe)
         if cfg.type_vocab_size:
             types = jnp.zeros_like(ids) if token_types is None else token_types
@@ -221,15 +265,27 @@ class OutputHead(nn.Module):
 
 
 class PositionExtras(nn.Module):
-    """Attention-score extras: ALiBi slopes ``[N]`` and/or a relative bias ``[1,N,T,S]``."""
+    """Attention-score extras: ALiBi slopes ``[N]`` and/or a dense bias ``[1|B,N,T,S]``
+    (T5 relative, FIRE; ALiBi under randomized positions)."""
 
     cfg: ModelConfig
     bidirectional: bool
 
     @nn.compact
-    def __call__(self, q_len: int, kv_len: int, q_offset=0):
+    def __call__(self, q_len: int, kv_len: int, q_offset=0, positions=None, cached=False):
+        """``positions [B,T]``: the queries' positions. Uncached self-attention: the keys'
+        too. ``cached``: the keys are the cache's slots, which share the last query's shift
+        from slot to position (prompts are left-padded, decoded positions consecutive)."""
         cfg = self.cfg
+        randomized = cfg.position_sampling == "randomized" and not cached
+        if positions is not None and (cached or q_len != kv_len):
+            shift = positions[:, -1:] - (q_offset + q_len - 1)  # [B,1]
+            kv_pos = jnp.arange(kv_len)[None, :] + shift
+        else:
+            kv_pos = positions
         if cfg.position == "alibi":
+            if randomized and positions is not None:
+                return None, alibi_row_bias(alibi_slopes(cfg.num_heads), positions, kv_pos)
             return alibi_slopes(cfg.num_heads), None
         if cfg.position == "relative":
             rel = RelativePositionBias(
@@ -239,5 +295,12 @@ class PositionExtras(nn.Module):
                 self.bidirectional,
                 name="relative_bias",
             )
+            if randomized and positions is not None:
+                return None, rel(positions, kv_pos)
             return None, rel(jnp.arange(q_len) + q_offset, jnp.arange(kv_len))
+        if cfg.position == "fire":
+            fire = FireBias(
+                cfg.num_heads, cfg.fire_hidden, float(cfg.max_len), self.bidirectional, name="fire"
+            )
+            return None, fire(positions, kv_pos)
         return None, None

@@ -34,8 +34,8 @@ from tfmjax.models.common import (
     make_stack,
     padding_segments,
     positions_from_segments,
-    segment_positions,
     shift_right,
+    token_positions,
 )
 from tfmjax.models.family import Family
 from tfmjax.models.prompts import FILL, left_pad_decoder_prompts, prompt_lengths
@@ -64,24 +64,30 @@ class DecoderOnly(Family, nn.Module):
         check_length(tokens.shape[1], self.config)
         check_concrete_tokens(tokens, self.config.vocab_size, "tokens")
         segment_ids = batch.get("segment_ids", padding_segments(tokens, self.config.pad_id))
-        positions = batch.get("positions", segment_positions(segment_ids))
+        if "positions" in batch:
+            positions = batch["positions"]
+        else:
+            positions = token_positions(self, segment_ids, self.config, self.deterministic)
         inputs = shift_right(tokens, segment_ids, self.config.bos_id)
         logits, _ = self.forward(inputs, positions, segment_ids)
         return logits
 
-    def forward(self, input_ids, positions, segment_ids, cache=None):
+    def forward(self, input_ids, positions, segment_ids, cache=None, carry=None):
         """Raw forward over already-shifted ``input_ids [B,T]``: returns ``(logits, cache)``.
 
         With a cache (see :func:`tfmjax.layers.attention.init_cache`, stacked over layers or
         a tuple of per-layer caches)
         the new tokens go to slots ``index .. index+T`` and attend to every filled slot.
+        ``carry [B]``: the abacus place of the token before ``input_ids`` (decoding).
         """
         T = input_ids.shape[1]
         first = None if cache is None else layer_cache(cache, 0)
         offset = 0 if cache is None else first["index"]
         kv_len = T if cache is None or "k" not in first else first["k"].shape[2]
-        slopes, bias = self.extras(T, kv_len, offset)
-        x = self.embedder(input_ids, positions, deterministic=self.deterministic, side="decoder")
+        slopes, bias = self.extras(T, kv_len, offset, positions, cached=cache is not None)
+        x = self.embedder(
+            input_ids, positions, deterministic=self.deterministic, side="decoder", carry=carry
+        )
         x, cache = self.stack(x, cache, BlockInputs(positions, segment_ids, slopes, bias))
         return self.head(x, self.embedder), cache
 
@@ -172,7 +178,8 @@ class DecoderOnly(Family, nn.Module):
             params, ids, positions, segment_ids, cache.layers, method="forward"
         )
         lengths = jnp.max(positions, axis=1).astype(jnp.int32) + 1
-        return logits[:, -1], KVCache(layers=layers, lengths=lengths)
+        runs = self.digit_runs(ids)
+        return logits[:, -1], KVCache(layers=layers, lengths=lengths, digit_run=runs)
 
     @nn.nowrap
     def decode_step(self, params, cache: KVCache, tokens):
@@ -180,9 +187,17 @@ class DecoderOnly(Family, nn.Module):
         model, params = self.unrolled(params)
         ids = tokens.astype(jnp.int32)[:, None]
         logits, layers = model.apply(
-            params, ids, cache.lengths[:, None], jnp.ones_like(ids), cache.layers, method="forward"
+            params,
+            ids,
+            cache.lengths[:, None],
+            jnp.ones_like(ids),
+            cache.layers,
+            cache.digit_run,
+            method="forward",
         )
-        return logits[:, 0], dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1)
+        runs = self.digit_runs(ids, cache.digit_run)
+        new = dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1, digit_run=runs)
+        return logits[:, 0], new
 
     @nn.nowrap
     def split_prompts(self, prompts: np.ndarray, lengths):

@@ -35,8 +35,8 @@ from tfmjax.models.common import (
     make_stack,
     padding_segments,
     positions_from_segments,
-    segment_positions,
     shift_right,
+    token_positions,
 )
 from tfmjax.models.family import Family
 from tfmjax.models.prompts import prompt_lengths, segments_from_lengths
@@ -78,7 +78,7 @@ class EncoderDecoder(Family, nn.Module):
         decoder_in = shift_right(targets, segment_ids, self.config.bos_id)
         logits, _ = self.decode(
             decoder_in,
-            segment_positions(segment_ids),
+            token_positions(self, segment_ids, self.config, self.deterministic),
             segment_ids,
             encoded,
             input_segment_ids,
@@ -100,15 +100,25 @@ class EncoderDecoder(Family, nn.Module):
         padding) default to 0 where an input is ``model.pad_id``."""
         if segment_ids is None:
             segment_ids = padding_segments(inputs, self.config.pad_id)
-        positions = segment_positions(segment_ids)
-        slopes, bias = self.encoder_extras(inputs.shape[1], inputs.shape[1])
+        positions = token_positions(self, segment_ids, self.config, self.deterministic)
+        slopes, bias = self.encoder_extras(inputs.shape[1], inputs.shape[1], 0, positions)
         x = self.embedder(inputs, positions, deterministic=self.deterministic)
         x, _ = self.encoder(x, None, BlockInputs(positions, segment_ids, slopes, bias))
         x = self.encoder_norm(x) if self.config.norm_position == "pre" else x
         return hook(self, "encoder.hook_out", x)
 
-    def decode(self, input_ids, positions, segment_ids, encoded, encoded_segment_ids, cache=None):
-        """Decoder over shifted ``input_ids [B,T]`` attending to ``encoded [B,S,D]``.
+    def decode(
+        self,
+        input_ids,
+        positions,
+        segment_ids,
+        encoded,
+        encoded_segment_ids,
+        cache=None,
+        carry=None,
+    ):
+        """Decoder over shifted ``input_ids [B,T]`` attending to ``encoded [B,S,D]``;
+        ``carry [B]``: the abacus place of the token before ``input_ids`` (decoding).
 
         Returns ``(logits [B,T,V], cache)``; the cache is per layer
         ``{"self": KV cache, "cross": {"k", "v"}}`` stacked over layers, or a tuple of
@@ -118,8 +128,10 @@ class EncoderDecoder(Family, nn.Module):
         first = None if cache is None else layer_cache(cache, 0)["self"]
         offset = 0 if cache is None else first["index"]
         kv_len = T if cache is None or "k" not in first else first["k"].shape[2]
-        slopes, bias = self.decoder_extras(T, kv_len, offset)
-        x = self.embedder(input_ids, positions, deterministic=self.deterministic, side="decoder")
+        slopes, bias = self.decoder_extras(T, kv_len, offset, positions, cached=cache is not None)
+        x = self.embedder(
+            input_ids, positions, deterministic=self.deterministic, side="decoder", carry=carry
+        )
         inputs = BlockInputs(
             positions,
             segment_ids,
@@ -226,6 +238,7 @@ class EncoderDecoder(Family, nn.Module):
             lengths=jnp.ones((B,), jnp.int32),
             encoded=encoded,
             encoded_segment_ids=encoded_segment_ids,
+            digit_run=self.digit_runs(bos),
         )
         return logits[:, -1], cache
 
@@ -242,9 +255,12 @@ class EncoderDecoder(Family, nn.Module):
             cache.encoded,
             cache.encoded_segment_ids,
             cache.layers,
+            cache.digit_run,
             method="decode",
         )
-        return logits[:, 0], dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1)
+        runs = self.digit_runs(ids, cache.digit_run)
+        new = dataclasses.replace(cache, layers=layers, lengths=cache.lengths + 1, digit_run=runs)
+        return logits[:, 0], new
 
     @nn.nowrap
     def split_prompts(self, prompts: np.ndarray, lengths):

@@ -23,7 +23,7 @@ from tfmjax.models.common import (
     PositionExtras,
     make_stack,
     padding_segments,
-    segment_positions,
+    token_positions,
 )
 from tfmjax.models.family import Family
 
@@ -52,8 +52,11 @@ class EncoderOnly(Family, nn.Module):
         check_length(tokens.shape[1], self.config)
         check_concrete_tokens(tokens, self.config.vocab_size, "tokens")
         segment_ids = batch.get("segment_ids", padding_segments(tokens, self.config.pad_id))
-        positions = batch.get("positions", segment_positions(segment_ids))
-        slopes, bias = self.extras(tokens.shape[1], tokens.shape[1])
+        if "positions" in batch:
+            positions = batch["positions"]
+        else:
+            positions = token_positions(self, segment_ids, self.config, self.deterministic)
+        slopes, bias = self.extras(tokens.shape[1], tokens.shape[1], 0, positions)
         x = self.embedder(
             tokens,
             positions,

@@ -66,6 +66,7 @@ from flax.core import meta
 
 from tfmjax.config import ModelConfig
 from tfmjax.layers.moe import COLLECTION as MOE_COLLECTION
+from tfmjax.layers.positions import digit_runs
 from tfmjax.layers.stack import unstack_params
 from tfmjax.models.checks import (
     InputError,
@@ -204,6 +205,13 @@ class Family:
         }
         model = type(self)(dataclasses.replace(self.config, scan_layers=False), deterministic=True)
         return model, dict(params, params=inner)
+
+    def digit_runs(self, ids, carry=None):
+        """The abacus place of each row's last token ``[B]`` after feeding ``ids [B,T]`` (the
+        carry of the next decoding step), or None when ``model.position`` is not abacus."""
+        if self.config.position != "abacus":
+            return None
+        return digit_runs(ids, self.config.digit_first_id, carry)[:, -1]
 
     def _cannot(self, what: str) -> Exception:
         return NotImplementedError(

@@ -114,7 +114,24 @@ def _source(experiment: Experiment, model):
             f"of task {data.task!r} ({source.vocab_size} ids); set model.vocab_size "
             f">= {source.vocab_size}"
         )
+    _check_digits(experiment.model, source.digit_ids, data.task)
     return source
+
+
+def _check_digits(m, digit_ids: tuple[int, ...], task: str) -> None:
+    """``model.position = "abacus"`` needs a task with digits, at ``model.digit_first_id``."""
+    if m.position != "abacus":
+        return
+    if not digit_ids:
+        raise ConfigError(
+            f"model.position='abacus' gives digits their place in a number, but data.task="
+            f"{task!r} has no digits: use addition or addition_reversed, or another position"
+        )
+    if tuple(digit_ids) != tuple(range(m.digit_first_id, m.digit_first_id + 10)):
+        raise ConfigError(
+            f"model.digit_first_id={m.digit_first_id} does not match data.task={task!r}, whose "
+            f"digits 0-9 are ids {list(digit_ids)}; set model.digit_first_id={digit_ids[0]}"
+        )
 
 
 _RUNS: dict[str, Run] = {}  # the last few builds, so training twice in one process compiles once

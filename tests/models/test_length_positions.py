@@ -1,0 +1,103 @@
+"""Randomized positions (Ruoss et al. 2023) and Abacus places (McLeish et al. 2024) in the
+models: training draws from the step's dropout key only, reaches positions past the row's
+length, and evaluation reads the ordered positions; the config and task checks say in one
+line what is wrong."""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfmjax.config import ConfigError, ModelConfig, load
+from tfmjax.models import build, preset
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+
+
+def _loss_grads(cfg, batch, deterministic=False):
+    """A jitted ``key -> (loss, grads)`` of a training (or evaluation) forward."""
+    model = build(cfg, deterministic=deterministic)
+    params = build(cfg).init(jax.random.key(0), batch)
+
+    def loss(p, key):
+        logits = model.apply(p, batch, rngs={"dropout": key})
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 0])
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    return lambda key: grad(params, key)
+
+
+def _pos_rows_used(grads, name):
+    table = np.asarray(grads["params"]["embed"][name]["pos_embedding"])
+    return np.flatnonzero(np.abs(table).sum(1) > 0)
+
+
+def test_randomized_training_uses_far_positions_from_the_dropout_key_alone():
+    cfg = preset("tiny-gpt2", vocab_size=16, max_len=8, position_sampling="randomized")
+    cfg = ModelConfig(**{**cfg.__dict__, "max_position": 64})
+    tokens = jnp.asarray(np.random.default_rng(0).integers(5, 16, size=(4, 8)), jnp.int32)
+    batch = {"tokens": tokens.at[1, 5:].set(0)}
+    step = _loss_grads(cfg, batch)
+    (loss_a, grads), (loss_b, _) = step(jax.random.key(1)), step(jax.random.key(1))
+    assert loss_a == loss_b  # the same key: the same positions, bit for bit
+    loss_c, _ = step(jax.random.key(2))
+    assert loss_c != loss_a  # another step's key draws other positions
+    rows = _pos_rows_used(grads, "pos_embed")
+    assert rows.max() >= 8 and len(rows) > 8  # positions beyond 0..T-1 were drawn
+    # Evaluation (deterministic) reads 0..T-1 only, whatever the key.
+    model = build(cfg)
+    params = model.init(jax.random.key(0), batch)
+    ordered = np.tile(np.arange(8), (4, 1))
+    ordered[1, 5:] = np.arange(3)  # the padding is a segment of its own
+    ordered = {**batch, "positions": jnp.asarray(ordered)}
+    np.testing.assert_array_equal(model.apply(params, batch), model.apply(params, ordered))
+
+
+def test_abacus_training_offsets_the_places_and_evaluation_does_not():
+    cfg = preset("tiny-gpt2", vocab_size=16, max_len=8, position="abacus", digit_first_id=5)
+    cfg = ModelConfig(**{**cfg.__dict__, "abacus_max_offset": 50})
+    batch = {"tokens": jnp.asarray([[5, 6, 7, 15, 8, 9, 2, 0]] * 8, jnp.int32)}
+    _, grads = _loss_grads(cfg, batch)(jax.random.key(3))
+    assert _pos_rows_used(grads, "abacus_embed").max() > 4  # an offset was added
+    _, grads = _loss_grads(cfg, batch, deterministic=True)(jax.random.key(3))
+    # Inputs BOS 5 6 7 + 8 9 EOS: places 0 1 2 3 0 1 2 0.
+    np.testing.assert_array_equal(_pos_rows_used(grads, "abacus_embed"), [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"position_sampling": "randomized", "max_position": 16}, "model.max_position"),
+        ({"max_position": 512}, "model.max_position"),
+        ({"position_sampling": "shuffled"}, "model.position_sampling"),
+        ({"position": "abacus"}, "model.digit_first_id"),
+        ({"digit_first_id": 5}, "model.digit_first_id"),
+        ({"position": "fire", "attention_impl": "pallas"}, "model.attention_impl"),
+        ({"position": "fire", "attention": "linear"}, "model.position"),
+        ({"position": "none", "position_sampling": "randomized"}, "model.position_sampling"),
+    ],
+)
+def test_bad_position_options_are_one_line_errors(overrides, field):
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(max_len=32, **overrides)
+    assert str(err.value).startswith(field) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "config,first,words",
+    [("copy_decoder", 5, "has no digits"), ("addition_decoder", 6, "model.digit_first_id=5")],
+)
+def test_abacus_needs_a_task_with_its_digits(config, first, words):
+    from tfmjax.train.run import _source
+
+    exp = load(
+        CONFIGS / f"{config}.toml", ["model.position=abacus", f"model.digit_first_id={first}"]
+    )
+    with pytest.raises(ConfigError, match=words) as err:
+        _source(exp, build(exp.model))
+    assert "\n" not in str(err.value)
+    ok = ["model.position=abacus", "model.digit_first_id=5"]
+    ok = load(CONFIGS / "addition_decoder.toml", ok)
+    assert _source(ok, build(ok.model)).digit_ids == tuple(range(5, 15))

@@ -1,0 +1,59 @@
+"""Checks of the length-generalisation position options of ``[model]``: randomized position
+sampling (Ruoss et al. 2023), Abacus digit places (McLeish et al. 2024) and FIRE (Li et al.
+2023). Each failure is one :class:`ConfigError` line naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfmjax.config.checks import one_of, positive, require
+from tfmjax.config.choices import POSITION_SAMPLINGS
+
+
+def check_position_options(cfg: Any) -> None:
+    """``cfg`` is a :class:`tfmjax.config.model.ModelConfig`."""
+    one_of("model.position_sampling", cfg.position_sampling, POSITION_SAMPLINGS)
+    positive("model", cfg, "max_position", "abacus_max_offset", "fire_hidden")
+    if cfg.max_position is not None:
+        require(
+            cfg.position_sampling == "randomized",
+            "model.max_position",
+            cfg.max_position,
+            "applies to model.position_sampling='randomized' (leave it unset otherwise)",
+        )
+        require(
+            cfg.max_position >= cfg.max_len,
+            "model.max_position",
+            cfg.max_position,
+            f"must be >= model.max_len={cfg.max_len}: a row of max_len tokens draws that "
+            "many distinct positions",
+        )
+    if cfg.position_sampling == "randomized":
+        require(
+            cfg.position not in ("abacus", "none"),
+            "model.position_sampling",
+            cfg.position_sampling,
+            f"model.position={cfg.position!r} reads no token positions: use 'ordered'",
+        )
+        dense = cfg.position == "alibi" and cfg.attention_impl not in ("auto", "xla", "reference")
+        require(
+            not dense,
+            "model.attention_impl",
+            cfg.attention_impl,
+            "randomized ALiBi distances are a dense bias: use 'auto', 'xla' or 'reference'",
+        )
+    if cfg.position == "abacus":
+        require(
+            cfg.digit_first_id is not None and 0 <= cfg.digit_first_id <= cfg.vocab_size - 10,
+            "model.digit_first_id",
+            cfg.digit_first_id,
+            f"model.position='abacus' needs the id of digit 0, with the 9 after it inside "
+            f"model.vocab_size={cfg.vocab_size} (the addition tasks: 5)",
+        )
+    else:
+        require(
+            cfg.digit_first_id is None,
+            "model.digit_first_id",
+            cfg.digit_first_id,
+            "applies to model.position='abacus' (leave it unset otherwise)",
+        )
