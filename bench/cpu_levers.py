@@ -12,6 +12,7 @@ Variants, joined with "+" (e.g. ``unroll+flat``):
   base       the step as tfmjax builds it
   nofold     dense layers and tied logits as 3-D dot_generals (before folding to 2-D)
   flat       ``optax.flatten`` around the optimizer (one flat vector for the update)
+  scanloop   the scanned layers as a loop (a stack of up to UNROLL_MAX_LAYERS is unrolled)
   unroll     ``model.scan_layers=false``; ``remat``: ``model.remat=true``
   blockwise, reference   ``model.attention_impl`` (the default picks xla at T=64)
   noxnn, onednn, noeigenmt, fastmath, vw512   XLA:CPU options for this compile only
@@ -36,6 +37,7 @@ import optax  # noqa: E402
 import tfmjax.layers.attention as attention_module  # noqa: E402
 import tfmjax.layers.embeddings as embeddings_module  # noqa: E402
 import tfmjax.layers.mlp as mlp_module  # noqa: E402
+import tfmjax.layers.stack as stack_module  # noqa: E402
 from tfmjax.models import build  # noqa: E402
 from tfmjax.train.state import create_state  # noqa: E402
 from tfmjax.train.step import make_train_step  # noqa: E402
@@ -67,7 +69,9 @@ def unfolded_logits(x, table):
 def compile_variant(name: str, spec: dict, batch: dict):
     """``(compiled step, state)`` of one variant."""
     parts = name.split("+")
-    unknown = [p for p in parts if p not in (*MODEL, *OPTIONS, "base", "flat", "nofold")]
+    unknown = [
+        p for p in parts if p not in (*MODEL, *OPTIONS, "base", "flat", "nofold", "scanloop")
+    ]
     if unknown:
         raise SystemExit(f"unknown variant part {unknown[0]!r}; see --help")
     model_kw = {k: v for p in parts for k, v in MODEL.get(p, {}).items()}
@@ -84,12 +88,16 @@ def compile_variant(name: str, spec: dict, batch: dict):
     if "nofold" in parts:  # the modules look these names up when the step is traced
         mlp_module.folded_dot_general = attention_module.folded_dot_general = jax.lax.dot_general
         embeddings_module.tied_logits = unfolded_logits
+    plain_scan = stack_module.nn.scan
+    if "scanloop" in parts:  # the scanned stack as a loop, as before UNROLL_MAX_LAYERS
+        stack_module.nn.scan = lambda *args, **kw: plain_scan(*args, **{**kw, "unroll": 1})
     try:
         lowered = jax.jit(step, donate_argnums=0).lower(state, batch)
         compiled = lowered.compile(compiler_options=options)
     finally:
         mlp_module.folded_dot_general, attention_module.folded_dot_general = saved
         embeddings_module.tied_logits = saved_logits
+        stack_module.nn.scan = plain_scan
     return compiled, state
 
 
@@ -97,7 +105,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=5, help="steps a variant runs a round")
-    parser.add_argument("--variants", default="nofold,base,flat,unroll,blockwise,onednn,noxnn")
+    parser.add_argument(
+        "--variants", default="nofold+scanloop,base,flat,unroll,blockwise,onednn,noxnn"
+    )
     args = parser.parse_args(argv)
     spec = bench_train.SHAPES["shakespeare_char"]
     cfg = spec["config"]
