@@ -42,6 +42,9 @@ batches, so the same tokens per step), with torch's thread count the faster of 1
 default on a warm-up. GPT-2 has a bias in every linear layer, the tfmjax model none (both
 have LayerNorm offsets): both parameter counts are printed. Skipped when torch or
 transformers is missing.
+
+Variants of the shakespeare_char step (folded matmuls, the scanned loop, optax.flatten,
+attention implementations, XLA:CPU options) are compared paired in bench/cpu_levers.py.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from tfmjax.layers.axes import (
     dense_inits,
 )
 from tfmjax.layers.block_config import BlockConfig
+from tfmjax.layers.folded_dot import folded_dot_general
 from tfmjax.layers.hooks import edited, hook, wanted
 from tfmjax.layers.positions import apply_rope
 
@@ -88,7 +89,13 @@ def head_projections(d_model, num_heads, num_kv_heads, head_dim, use_bias, dtype
     ``[B,T,D] -> [B,T,N,H]``, ``[B,S,D] -> [B,S,K,H]`` twice, and ``[B,T,N,H] -> [B,T,D]``,
     their kernels' and biases' axes named for sharding."""
     dense = lambda features, name, kernel, bias, axis=-1: nn.DenseGeneral(  # noqa: E731
-        features, axis=axis, use_bias=use_bias, dtype=dtype, name=name, **dense_inits(kernel, bias)
+        features,
+        axis=axis,
+        use_bias=use_bias,
+        dtype=dtype,
+        name=name,
+        dot_general=folded_dot_general,
+        **dense_inits(kernel, bias),
     )
     heads, kv_heads = (HEADS, HEAD_WIDTH), (KV_HEADS, HEAD_WIDTH)
     return (

@@ -40,7 +40,14 @@ def tied_logits(x, table):
     as every other layer's cotangent already is. (Autodiff would multiply the float32
     cotangent by the bfloat16 operands, which XLA on GPU runs as a float32 matmul: the
     largest one of a small model's step.) With float32 compute this is plain autodiff."""
-    return jnp.einsum("BTD,VD->BTV", x, table, preferred_element_type=jnp.float32)
+    logits = jnp.matmul(_rows(x), table.T, preferred_element_type=jnp.float32)  # [B*T,V]
+    return logits.reshape(*x.shape[:-1], table.shape[0])
+
+
+def _rows(a):
+    """``[B,T,C] -> [B*T,C]``: XLA:CPU contracts a 2-D matmul over its rows in place, where a
+    contraction over B and T copied the operand transposed (docs/cpu_speed.md)."""
+    return a.reshape(-1, a.shape[-1])
 
 
 def _tied_logits_fwd(x, table):
@@ -49,10 +56,10 @@ def _tied_logits_fwd(x, table):
 
 def _tied_logits_bwd(res, g):
     x, table = res
-    g = g.astype(x.dtype)  # [B,T,V]
-    dx = jnp.einsum("BTV,VD->BTD", g, table, preferred_element_type=jnp.float32)
-    dtable = jnp.einsum("BTV,BTD->VD", g, x, preferred_element_type=jnp.float32)
-    return dx.astype(x.dtype), dtable.astype(table.dtype)
+    g = _rows(g.astype(x.dtype))  # [B*T,V]
+    dx = jnp.matmul(g, table, preferred_element_type=jnp.float32)  # [B*T,D]
+    dtable = jnp.matmul(g.T, _rows(x), preferred_element_type=jnp.float32)  # [V,D]
+    return dx.reshape(x.shape).astype(x.dtype), dtable.astype(table.dtype)
 
 
 tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)

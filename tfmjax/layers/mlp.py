@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, MLP, constrain, dense_inits
+from tfmjax.layers.folded_dot import folded_dot_general
 from tfmjax.layers.hooks import hook
 
 GATED = {
@@ -44,6 +45,7 @@ class FeedForward(nn.Module):
                 use_bias=self.mlp_bias,
                 dtype=self.dtype,
                 name=name,
+                dot_general=folded_dot_general,
                 **dense_inits(axes, axes[1:]),
             )
         )
