@@ -136,7 +136,7 @@ def test_stop_crash_resume_is_bit_exact(tmp_path, family, model):
     assert records_a == records_b
     assert [r["step"] for r in records_a if r["split"] == "train"] == [3, 6, 9, 12]
     assert [r["step"] for r in records_a if r["split"] == "eval"] == [6, 12]
-    if model:
+    if model is MOE:  # the mixture's router metrics travel through the resume too
         assert all("moe_aux_loss" in r for r in records_a if r["split"] == "train")
 
 
