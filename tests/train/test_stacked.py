@@ -154,6 +154,17 @@ def test_seeds_and_numeric_hyperparameters_may_differ_shapes_may_not(tmp_path):
         train_stacked([a, c])
 
 
+def test_a_program_is_compiled_for_the_numbers_its_runs_share():
+    """The numbers that do not vary in a group are constants of its program: a group sharing
+    another learning rate gets another program, not the cached one."""
+    from tfmjax.train.stacked import _vmapped_steps
+
+    keys = ("model.dropout_rate",)
+    program = _vmapped_steps(_with("optim.learning_rate=1e-3"), keys)
+    assert _vmapped_steps(_with("optim.learning_rate=1e-3", seed=4), keys) is program
+    assert _vmapped_steps(_with("optim.learning_rate=1e-2"), keys) is not program
+
+
 def test_a_stopped_group_saves_every_run_and_resumes_to_the_same_records(tmp_path, monkeypatch):
     """A signal at step 5 (set on the shared StopSignals flag right after that step's call):
     every run saves step 5; the rerun resumes them and ends with the records and params of a

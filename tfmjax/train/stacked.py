@@ -89,8 +89,10 @@ _VMAPPED: dict[tuple, object] = {}
 
 def _vmapped_steps(experiment: Experiment, keys: tuple[str, ...]):
     """The train steps of ``experiment``'s group vmapped over the run axis (the state, the
-    batches and the values of ``keys``), jitted, the stacked state donated."""
-    cache_key = (group_key(experiment), keys)
+    batches and the values of ``keys``), jitted, the stacked state donated. The numbers not
+    in ``keys`` are ``experiment``'s, compiled in as constants (so part of the cache key)."""
+    shared = {k: v for k, v in hyperparameters(experiment).items() if k not in keys}
+    cache_key = (group_key(experiment), keys, json.dumps(shared, sort_keys=True))
     if cache_key not in _VMAPPED:
 
         def train_steps(state, batches, hyper: dict):
