@@ -23,7 +23,6 @@ A signal stops all of them after the current call, each saved.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 from pathlib import Path
 
@@ -44,19 +43,13 @@ from tfmjax.train.stopping import StopSignals
 
 
 def group_key(experiment: Experiment) -> str:
-    """What the runs of one program share, as JSON: ``experiment``'s config with its name,
-    workdir, seed and :data:`HYPERPARAMETERS` set to one value each (the defaults)."""
-    e = experiment
-    shared = dataclasses.replace(
-        e,
-        name="",
-        train=dataclasses.replace(e.train, seed=0, workdir=""),
-        optim=dataclasses.replace(
-            e.optim, learning_rate=1e-3, weight_decay=0.0, warmup_steps=0, label_smoothing=0.0
-        ),
-        model=dataclasses.replace(e.model, dropout_rate=0.0),
-    )
-    return json.dumps(shared.to_dict(), sort_keys=True)
+    """What the runs of one program share, as JSON: ``experiment``'s config without its
+    name, workdir, seed and :data:`HYPERPARAMETERS`."""
+    raw = experiment.to_dict()
+    for key in ("name", "train.workdir", "train.seed", *HYPERPARAMETERS):
+        *sections, field = key.split(".")
+        del (raw[sections[0]] if sections else raw)[field]
+    return json.dumps(raw, sort_keys=True)
 
 
 def stackable(a: Experiment, b: Experiment) -> bool:
