@@ -9,7 +9,10 @@ training, evals and saves included), their ratio and the load average around eac
 
 ``python bench/sweep.py --stacked 1,4,16 [key=value ...]``: the plain jitted call of
 ``train.steps_per_call`` steps against the vmapped one of R runs (``tfmjax.train.stacked``),
-median of a few calls after a warm-up, per run and step.
+median of a few calls after a warm-up, per run and step: R seeds (the numbers Python
+constants, the plain step's arithmetic), and R runs of a grid that also differ in learning
+rate, dropout rate and label smoothing (per-run arrays: every run draws dropout masks and
+computes the smoothing term, even those at 0).
 """
 
 from __future__ import annotations
@@ -36,16 +39,28 @@ def timed(argv: list[str]) -> tuple[float, float, float]:
     return wall, before, os.getloadavg()[0]
 
 
-def _median_call(fn, state, batches, calls: int) -> float:
+def _median_call(fn, state, batches, calls: int, *extra) -> float:
     import jax
 
     times = []
     for _ in range(calls + 1):  # the first compiles
         begin = time.perf_counter()
-        state, _ = fn(state, batches)
+        state, _ = fn(state, batches, *extra)
         jax.block_until_ready(state)
         times.append(time.perf_counter() - begin)
     return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def _grid(r: int) -> dict:
+    """Per-run learning rates, dropout rates and label smoothings of R runs (0 included)."""
+    import jax.numpy as jnp
+
+    share = jnp.arange(r, dtype=jnp.float32) / max(r, 2)
+    return {
+        "optim.learning_rate": 1e-3 * (1.0 + share),
+        "optim.label_smoothing": 0.2 * share,
+        "model.dropout_rate": 0.2 * share,
+    }
 
 
 def stacked(config: str, overrides: list[str], sizes: list[int], calls: int = 5) -> None:
@@ -66,14 +81,17 @@ def stacked(config: str, overrides: list[str], sizes: list[int], calls: int = 5)
     one = create_state(run.model, run.tx, sample, 0)
     plain = _median_call(run.train_steps, one, run.device_batches(0, k), calls)
     print(f"{config} {' '.join(overrides)}: {k} step(s) a call, {jax.default_backend()}")
-    print(f"{'runs':>5} {'call ms':>9} {'per run-step ms':>16} {'vs plain':>9}")
-    print(f"{'plain':>5} {plain * 1e3:>9.1f} {plain / k * 1e3:>16.2f} {1.0:>9.2f}")
+    print(f"{'runs':>5} {'differ in':>16} {'call ms':>9} {'per run-step ms':>16} {'vs plain':>9}")
+    print(f"{'plain':>5} {'':>16} {plain * 1e3:>9.1f} {plain / k * 1e3:>16.2f} {1.0:>9.2f}")
     for r in sizes:
-        states = _stack([create_state(run.model, run.tx, sample, s) for s in range(r)])
         batches = {key: np.stack([value] * r) for key, value in batch.items()}
-        took = _median_call(_vmapped_steps(run), states, batches, calls)
-        per = took / (k * r)
-        print(f"{r:>5} {took * 1e3:>9.1f} {per * 1e3:>16.2f} {per / (plain / k):>9.2f}")
+        for name, hyper in [("seed", {}), ("seed,lr,drop,ls", _grid(r))]:
+            states = _stack([create_state(run.model, run.tx, sample, s) for s in range(r)])
+            fn = _vmapped_steps(exp, tuple(hyper))
+            took = _median_call(fn, states, batches, calls, hyper)
+            per = took / (k * r)
+            row = f"{r:>5} {name:>16} {took * 1e3:>9.1f} {per * 1e3:>16.2f}"
+            print(f"{row} {per / (plain / k):>9.2f}", flush=True)
 
 
 def main(argv=None) -> int:

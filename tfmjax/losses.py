@@ -47,11 +47,15 @@ def cross_entropy(
     ``-sum_v q_v * log_softmax(logits)_v``, computed in float32. With eps > 0
     the loss cannot go below ``smoothed_loss_floor(V, eps)``.
 
+    ``label_smoothing`` may be a traced array (unchecked): the smoothing term is then always
+    computed, adding ``0 * mean(logp)`` at eps = 0, the same loss.
+
     Returns ``(loss_sum, weight_sum)``: float32 scalars, ``sum(loss * mask)``
     and ``sum(mask)``.
     """
+    traced = isinstance(label_smoothing, jax.Array)  # one per run: tfmjax.train.stacked
     ok = isinstance(label_smoothing, numbers.Real) and 0.0 <= label_smoothing < 1.0
-    if not ok:
+    if not (ok or traced):
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
     _check_shapes(logits, targets, mask)
     mask = mask.astype(jnp.float32)
@@ -61,7 +65,7 @@ def cross_entropy(
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B,T,V]
     target_logp = jnp.take_along_axis(logp, safe_targets[..., None], axis=-1)[..., 0]  # [B,T]
     loss = -(1.0 - label_smoothing) * target_logp  # [B,T]
-    if label_smoothing > 0.0:
+    if traced or label_smoothing > 0.0:
         # sum_v (eps / V) * logp_v = eps * mean_v logp_v
         loss = loss - label_smoothing * jnp.mean(logp, axis=-1)
     # where, not multiply: 0 * inf at a masked position would be NaN.
@@ -80,8 +84,9 @@ def smoothed_loss_floor(vocab_size: int, label_smoothing: float) -> float:
     bad_v = isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral)
     if bad_v or vocab_size < 1:
         raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+    traced = isinstance(label_smoothing, jax.Array)  # one per run: tfmjax.train.stacked
     ok = isinstance(label_smoothing, numbers.Real) and 0.0 <= label_smoothing < 1.0
-    if not ok:
+    if not (ok or traced):
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
     v, eps = int(vocab_size), float(label_smoothing)
     a, b = 1.0 - eps + eps / v, eps / v

@@ -137,3 +137,33 @@ def test_table_has_one_row_per_point_with_its_seeds_statistics():
     assert row[4] == f"{np.std([0.2, 0.4], ddof=1):.4f}" and row[5:7] == ["0.2000", "0.4000"]
     assert "(no eval yet)" in lines[4]
     json.dumps(records)  # records are plain JSON
+
+
+def test_one_program_per_shape_the_numbers_stacked_within_it(tmp_path):
+    """--executor vmap groups: learning rate, weight decay, warmup, dropout rate, label
+    smoothing and seed vary within a program; a width, a depth or a position encoding
+    starts another (8 groups of one shape each, both learning rates in each)."""
+    from tfmjax.sweep.stacked import by_shape
+
+    numbers = parse_axes(
+        [
+            "optim.learning_rate=1e-3,3e-3",
+            "model.dropout_rate=0.0,0.1",
+            "optim.label_smoothing=0.0,0.1",
+            "optim.weight_decay=0.0,0.1",
+            "optim.warmup_steps=0,5",
+        ],
+        [],
+    )
+    runs = expand(CONFIG, ["train.steps=7"], numbers, [0, 1], tmp_path)
+    assert [len(group) for group in by_shape(runs)] == [2**5 * 2]
+    shapes = parse_axes(
+        ["model.d_model=16,32", "model.num_layers=1,2", "model.position=rope,alibi"], []
+    )
+    runs = expand(CONFIG, ["train.steps=7"], [numbers[0], *shapes], [0], tmp_path)
+    groups = by_shape(runs)
+    assert [len(group) for group in groups] == [2] * 8
+    for group in groups:  # each group: one shape, both learning rates, both seeds
+        assert len({dict(spec.point)["model.d_model"] for spec in group}) == 1
+        assert len({dict(spec.point)["model.position"] for spec in group}) == 1
+        assert [dict(spec.point)["optim.learning_rate"] for spec in group] == ["1e-3", "3e-3"]

@@ -163,15 +163,19 @@ def test_a_failing_run_is_reported_with_its_last_line_and_exit_1(tmp_path):
 
 
 def test_the_one_program_executor_gives_the_process_runs_records(swept, tmp_path):
-    """--executor vmap: a grid point's seeds trained as one vmapped program, in the sweep's
-    own process; each run's records equal the process run's within 1e-5 relative (batched
-    kernels round differently), timing aside."""
+    """--executor vmap on the grid over optim.learning_rate: its 2 points x 2 seeds share
+    every shape, so one vmapped program trains all 4, in the sweep's own process, each run
+    with its own learning rate; each run's records equal the process run's within 1e-5
+    relative (batched kernels round differently), timing aside."""
     done, _ = swept
-    grid = ["--seeds", "0,1", "--grid", "optim.learning_rate=1e-3", "--executor", "vmap"]
-    proc = sweep(tmp_path, *grid)
+    proc = sweep(tmp_path, *GRID, "--executor", "vmap")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "each grid point's seeds as one program" in proc.stdout
-    for run in RUNS[:2]:
+    assert "4 to train as 1 program(s), one per shape" in proc.stdout
+    assert proc.stdout.count("program 1/1: 4 run(s)") == 1
+    assert "program 2/" not in proc.stdout
+    for run in RUNS:
+        log = (tmp_path / run / "train.log").read_text().splitlines()
+        assert log[0] == f"one program of 4 run(s): {', '.join(RUNS)}"
         got, want = metrics(tmp_path / run), metrics(done / run)
         assert len(got) == len(want) == STEPS // 10 + 2
         for g, w in zip(got, want, strict=True):
@@ -182,5 +186,7 @@ def test_the_one_program_executor_gives_the_process_runs_records(swept, tmp_path
                 else:
                     assert g[key] == value
         assert (tmp_path / run / "checkpoints" / str(STEPS)).is_dir()
+    rates = {metrics(tmp_path / run)[0]["learning_rate"] for run in RUNS}
+    assert len(rates) == 2  # each point's own schedule
     records = [json.loads(line) for line in (tmp_path / "sweep.jsonl").read_text().splitlines()]
-    assert [r["status"] for r in records] == ["done", "done"]
+    assert [r["status"] for r in records] == ["done"] * 4

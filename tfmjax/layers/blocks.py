@@ -21,6 +21,7 @@ from tfmjax.layers.attention import MultiHeadAttention
 from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, constrain
 from tfmjax.layers.block_config import BlockConfig
+from tfmjax.layers.dropout import Dropout
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.mlp import FeedForward
 from tfmjax.layers.moe import MoEFeedForward
@@ -82,7 +83,7 @@ class _Block(nn.Module):
             fn,
             make_norm(c.norm, c.norm_eps, name=f"{name}_norm"),
             norm_position=c.norm_position,
-            dropout=nn.Dropout(c.dropout_rate),
+            dropout=Dropout(c.dropout_rate),
             deterministic=self.deterministic,
             out_hook=lambda y: hook(self, _OUT_HOOKS[name], y),
         )

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, MLP, constrain, dense_inits
+from tfmjax.layers.dropout import Dropout
 from tfmjax.layers.folded_dot import folded_dot_general
 from tfmjax.layers.hooks import hook
 
@@ -60,6 +61,6 @@ class FeedForward(nn.Module):
             raise ValueError(
                 f"activation={self.activation!r} is not one of {', '.join([*PLAIN, *GATED])}"
             )
-        h = nn.Dropout(self.dropout_rate)(hook(self, "hook_post", h), deterministic=deterministic)
+        h = Dropout(self.dropout_rate)(hook(self, "hook_post", h), deterministic=deterministic)
         h = constrain(h, BATCH, LENGTH, MLP)
         return dense(x.shape[-1], "down", (MLP, EMBED))(h)

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from tfmjax.layers.axes import BATCH, EMBED, EXPERT, LENGTH, MLP, constrain, named
+from tfmjax.layers.dropout import Dropout
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.mlp import GATED, PLAIN
 
@@ -179,6 +180,6 @@ class MoEFeedForward(nn.Module):
             raise ValueError(
                 f"activation={self.activation!r} is not one of {', '.join([*PLAIN, *GATED])}"
             )
-        h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+        h = Dropout(self.dropout_rate)(h, deterministic=deterministic)
         h = constrain(h, EXPERT, BATCH, None, MLP)
         return dense("down", h, (F, D), (MLP, EMBED), "EBCF,EFD->EBCD")

@@ -10,6 +10,8 @@ from tfmjax.models.encoder_only import EncoderOnly
 FAMILIES: dict[str, type] = {cls.family: cls for cls in (EncoderDecoder, DecoderOnly, EncoderOnly)}
 
 
-def build(config: ModelConfig, *, deterministic: bool = True):
-    """The Linen module for ``config``; ``deterministic=False`` turns dropout on (training)."""
-    return FAMILIES[config.family](config, deterministic=deterministic)
+def build(config: ModelConfig, *, deterministic: bool = True, dropout_rate=None):
+    """The Linen module for ``config``; ``deterministic=False`` turns dropout on (training).
+    ``dropout_rate``: in place of ``config.dropout_rate``, e.g. a traced per-run rate
+    (:mod:`tfmjax.train.stacked`); None: the config's."""
+    return FAMILIES[config.family](config, deterministic=deterministic, dropout_rate=dropout_rate)

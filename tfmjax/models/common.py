@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,7 @@ from tfmjax.config import ModelConfig
 from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, VOCAB, constrain, dense_inits, named
 from tfmjax.layers.block_config import BlockConfig
+from tfmjax.layers.dropout import Dropout
 from tfmjax.layers.embeddings import TokenEmbedding
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.mlp import PLAIN
@@ -30,10 +33,11 @@ from tfmjax.layers.stack import LayerStack
 DTYPES = {name: jnp.dtype(name) for name in config_dtypes}  # model.dtype -> compute dtype
 
 
-def block_config(cfg: ModelConfig) -> BlockConfig:
+def block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
     """The block hyper-parameters of a model config, under the config's own names (its
     defaults resolved: ``head_dim`` is ``cfg.head_width``, ``kv_rank`` ``cfg.latent_kv_rank``,
-    ...)."""
+    ...); ``dropout_rate``, if given, in place of ``cfg.dropout_rate`` (see
+    :func:`dropout_rate_of`)."""
     return BlockConfig(
         d_model=cfg.d_model,
         num_heads=cfg.num_heads,
@@ -46,7 +50,7 @@ def block_config(cfg: ModelConfig) -> BlockConfig:
         norm_eps=cfg.norm_eps,
         attention_bias=cfg.attention_uses_bias,
         mlp_bias=cfg.mlp_uses_bias,
-        dropout_rate=cfg.dropout_rate,
+        dropout_rate=dropout_rate_of(cfg, dropout_rate),
         rope_base=cfg.rope_base if cfg.position == "rope" else None,
         rope_layout=cfg.rope_layout,
         window=cfg.window,
@@ -68,6 +72,13 @@ def block_config(cfg: ModelConfig) -> BlockConfig:
     )
 
 
+def dropout_rate_of(cfg: ModelConfig, override=None):
+    """``cfg.dropout_rate``, or ``override`` when given: a family's ``dropout_rate`` field, a
+    traced per-run rate when :mod:`tfmjax.train.stacked` trains runs with their own rates
+    as one program (:class:`tfmjax.layers.dropout.Dropout` takes it)."""
+    return cfg.dropout_rate if override is None else override
+
+
 def init_self_attention_cache(cfg: ModelConfig, batch: int, capacity: int) -> dict:
     """One layer's empty decoding cache for the variant ``cfg.attention`` (its module's
     ``init_cache``: e.g. keys and values ``[B,K,S,H]`` for softmax)."""
@@ -81,12 +92,21 @@ def cache_bytes(cfg: ModelConfig, batch: int, num_layers: int, capacity: int) ->
     return variant.cache_bytes(block_config(cfg), batch, num_layers, capacity)
 
 
-def make_stack(cfg: ModelConfig, block, num_layers: int, deterministic: bool, name: str, **kw):
+def make_stack(
+    cfg: ModelConfig,
+    block,
+    num_layers: int,
+    deterministic: bool,
+    name: str,
+    dropout_rate=None,
+    **kw,
+):
     """A :class:`LayerStack` of ``block`` configured from ``cfg``: with ``model.moe_experts``,
-    every ``model.moe_every``-th block's feed-forward is a mixture of experts."""
+    every ``model.moe_every``-th block's feed-forward is a mixture of experts. ``dropout_rate``:
+    see :func:`dropout_rate_of`."""
     return LayerStack(
         block,
-        {"cfg": block_config(cfg), "deterministic": deterministic, **kw},
+        {"cfg": block_config(cfg, dropout_rate), "deterministic": deterministic, **kw},
         num_layers,
         scan=cfg.scan_layers,
         remat=cfg.remat,
@@ -169,6 +189,7 @@ class Embedder(nn.Module):
     """
 
     cfg: ModelConfig
+    dropout_rate: Any = None  # in place of cfg.dropout_rate (dropout_rate_of)
 
     def setup(self):
         cfg = self.cfg
@@ -193,7 +214,7 @@ class Embedder(nn.Module):
             )
         if cfg.embed_norm:
             self.norms = [make_norm(cfg.norm, cfg.norm_eps, name=f"{s}embed_norm") for s in sides]
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = Dropout(dropout_rate_of(cfg, self.dropout_rate))
 
     def __call__(
         self, ids, positions, *, deterministic: bool, token_types=None, side="encoder", carry=None

@@ -14,6 +14,7 @@ they are otherwise (imported models: :mod:`tfmjax.models.prompts`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -44,6 +45,7 @@ from tfmjax.models.prompts import FILL, left_pad_decoder_prompts, prompt_lengths
 class DecoderOnly(Family, nn.Module):
     config: ModelConfig
     deterministic: bool = True
+    dropout_rate: Any = None  # in place of config.dropout_rate: a traced per-run rate
 
     family = "decoder_only"
     batch_format = "prompt_answer"
@@ -52,10 +54,16 @@ class DecoderOnly(Family, nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.embedder = Embedder(cfg, name="embed")
+        self.embedder = Embedder(cfg, self.dropout_rate, name="embed")
         self.extras = PositionExtras(cfg, bidirectional=False, name="extras")
         self.stack = make_stack(
-            cfg, SelfAttentionBlock, cfg.num_layers, self.deterministic, name="decoder", causal=True
+            cfg,
+            SelfAttentionBlock,
+            cfg.num_layers,
+            self.deterministic,
+            dropout_rate=self.dropout_rate,
+            name="decoder",
+            causal=True,
         )
         self.head = OutputHead(cfg, name="head")
 

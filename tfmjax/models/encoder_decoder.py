@@ -14,6 +14,7 @@ the family methods are described in :mod:`tfmjax.models.family`.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -45,6 +46,7 @@ from tfmjax.models.prompts import prompt_lengths, segments_from_lengths
 class EncoderDecoder(Family, nn.Module):
     config: ModelConfig
     deterministic: bool = True
+    dropout_rate: Any = None  # in place of config.dropout_rate: a traced per-run rate
 
     family = "encoder_decoder"
     batch_format = "seq2seq"
@@ -55,14 +57,25 @@ class EncoderDecoder(Family, nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.embedder = Embedder(cfg, name="embed")  # shared by encoder, decoder (and output)
+        # shared by encoder, decoder (and output)
+        self.embedder = Embedder(cfg, self.dropout_rate, name="embed")
         self.encoder_extras = PositionExtras(cfg, bidirectional=True, name="encoder_extras")
         self.decoder_extras = PositionExtras(cfg, bidirectional=False, name="decoder_extras")
         self.encoder = make_stack(
-            cfg, EncoderBlock, cfg.num_layers, self.deterministic, name="encoder"
+            cfg,
+            EncoderBlock,
+            cfg.num_layers,
+            self.deterministic,
+            dropout_rate=self.dropout_rate,
+            name="encoder",
         )
         self.decoder = make_stack(
-            cfg, DecoderBlock, cfg.decoder_layers, self.deterministic, name="decoder"
+            cfg,
+            DecoderBlock,
+            cfg.decoder_layers,
+            self.deterministic,
+            dropout_rate=self.dropout_rate,
+            name="decoder",
         )
         if cfg.norm_position == "pre":
             self.encoder_norm = make_norm(cfg.norm, cfg.norm_eps, name="encoder_norm")

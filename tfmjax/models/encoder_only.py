@@ -11,6 +11,8 @@ loss is the masked-token cross-entropy. It does not generate.
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -33,6 +35,7 @@ class EncoderOnly(Family, nn.Module):
 
     config: ModelConfig
     deterministic: bool = True
+    dropout_rate: Any = None  # in place of config.dropout_rate: a traced per-run rate
 
     family = "encoder_only"
     batch_format = "masked_lm"
@@ -40,10 +43,15 @@ class EncoderOnly(Family, nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.embedder = Embedder(cfg, name="embed")
+        self.embedder = Embedder(cfg, self.dropout_rate, name="embed")
         self.extras = PositionExtras(cfg, bidirectional=True, name="extras")
         self.stack = make_stack(
-            cfg, EncoderBlock, cfg.num_layers, self.deterministic, name="encoder"
+            cfg,
+            EncoderBlock,
+            cfg.num_layers,
+            self.deterministic,
+            dropout_rate=self.dropout_rate,
+            name="encoder",
         )
         self.head = OutputHead(cfg, name="head")
 

@@ -51,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
         "--executor",
         choices=EXECUTORS,
         default="auto",
-        help="processes: a pool of train.py; vmap: each point's seeds as one program; "
+        help="processes: a pool of train.py; vmap: the runs that share every shape (seeds, "
+        "learning rates, dropout rates, ...) as one program; "
         "auto: vmap on an accelerator, else processes",
     )
     p.add_argument("--jobs", type=int, help="runs at once (default: one per core)")
@@ -149,7 +150,10 @@ def _main(args) -> int:
     plan = f"{len(todo)} to train, {slots} at once" if todo else "nothing to train"
     pinned = ", each on one core" if todo and not args.no_pin else ""
     if executor == "vmap":
-        plan, pinned = f"{len(todo)} to train, each grid point's seeds as one program", ""
+        from tfmjax.sweep.stacked import by_shape
+
+        programs = len(by_shape(todo))
+        plan, pinned = f"{len(todo)} to train as {programs} program(s), one per shape", ""
     print(
         f"sweep of {len(runs)} runs in {sweep_dir}: {len(runs) - len(todo)} done, {plan}{pinned}",
         flush=True,

@@ -1,10 +1,13 @@
-"""The one-program executor: the seeds of each grid point trained as one vmapped program
-(:func:`tfmjax.train.stacked.train_stacked`), in this process, one grid point after another.
+"""The one-program executor: the runs that share every shape trained as one vmapped program
+(:func:`tfmjax.train.stacked.train_stacked`), in this process, one group after another.
 
-Grid values may change anything (shapes included): each point is its own program; only its
-seeds share one. Each run's console goes to its ``train.log``; each run is told how its group
-ended as the process pool tells it of a child (exit 0, 1 for a non-finite loss, 2 for a bad
-config or checkpoint), with the group's wall time.
+Runs are grouped by everything but ``train.seed`` and the numbers a program takes per run
+(:data:`tfmjax.train.run.HYPERPARAMETERS`: learning rate, weight decay, warmup, dropout
+rate, label smoothing): a grid over those is one program, a grid value that changes a shape
+or the code (width, layers, position encoding, schedule) starts another group. Each run's
+console goes to its ``train.log``, which first names the runs of its program; each run is
+told how its group ended as the process pool tells it of a child (exit 0, 1 for a
+non-finite loss, 2 for a bad config or checkpoint), with the group's wall time.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from tfmjax.sweep.grid import RunSpec
 from tfmjax.sweep.processes import LOG_FILE, Job
 
 
-def by_point(specs: list[RunSpec]) -> list[list[RunSpec]]:
-    """The runs grouped by grid point, in order."""
+def by_shape(specs: list[RunSpec]) -> list[list[RunSpec]]:
+    """The runs grouped into programs (one per :func:`~tfmjax.train.stacked.group_key`), in
+    the order of each group's first run."""
+    from tfmjax.train.stacked import group_key
+
     groups: dict[str, list[RunSpec]] = {}
     for spec in specs:
-        groups.setdefault(spec.point_name, []).append(spec)
+        groups.setdefault(group_key(spec.experiment), []).append(spec)
     return list(groups.values())
 
 
@@ -37,6 +43,9 @@ def _train_group(group: list[RunSpec]) -> tuple[int, str | None]:
         for spec in group:
             spec.workdir.mkdir(parents=True, exist_ok=True)
             logs.append(stack.enter_context(open(spec.workdir / LOG_FILE, "a")))
+        names = ", ".join(spec.name for spec in group)
+        for log in logs:
+            print(f"one program of {len(group)} run(s): {names}", file=log, flush=True)
         try:
             result = train_stacked([spec.experiment for spec in group], streams=logs)
         except (ConfigError, CheckpointError, NonFiniteLossError) as err:
@@ -51,13 +60,16 @@ def run_groups(
     on_start: Callable[[Job], None],
     on_end: Callable[[Job], None],
 ) -> str | None:
-    """Train every grid point's runs as one program; the signal that stopped them, or None."""
+    """Train each group of :func:`by_shape` as one program; the signal that stopped them, or
+    None."""
     from tfmjax.train.stopping import StopSignals
 
+    groups = by_shape(specs)
     with StopSignals() as stop:  # shared by each group's own: a signal stops the sweep
-        for group in by_point(specs):
+        for index, group in enumerate(groups):
             if stop.requested:
                 break
+            print(f"program {index + 1}/{len(groups)}: {len(group)} run(s)", flush=True)
             jobs = [Job(spec.name, [], spec.workdir) for spec in group]
             for job in jobs:
                 on_start(job)

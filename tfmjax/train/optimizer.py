@@ -58,6 +58,8 @@ def weight_decay_mask(params: Any) -> Any:
 
 
 def _check_real(name: str, value, lo: float, hi: float, hi_open: bool, lo_open: bool = False):
+    if isinstance(value, jax.Array):  # a traced per-run value (tfmjax.train.stacked)
+        return
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > lo if lo_open else value >= lo)
     ok = ok and (value < hi if hi_open else value <= hi)
@@ -78,7 +80,9 @@ def make_optimizer(
     """Global-norm clipping (if ``clip_norm``) then AdamW, masked by ``weight_decay_mask``.
 
     ``schedule`` is a learning rate or an Optax schedule. Weight decay is
-    decoupled (AdamW) and scaled by the learning rate, as in ``optax.adamw``.
+    decoupled (AdamW) and scaled by the learning rate, as in ``optax.adamw``; it may be a
+    traced array (one per run, :mod:`tfmjax.train.stacked`): then a decay of 0 adds
+    ``0 * param`` where a Python 0 skips the term, the same update.
     """
     if not (callable(schedule) or isinstance(schedule, numbers.Real | jax.Array)):
         raise ValueError(f"schedule must be a float or an optax.Schedule, got {schedule!r}")

@@ -166,14 +166,33 @@ def schedule_span(experiment: Experiment) -> int:
     return experiment.optim.schedule_steps or experiment.train.steps
 
 
-def make_run_schedule(experiment: Experiment):
-    """The learning-rate schedule: one-line ConfigError for settings that do not fit."""
+# The numbers runs of one program may differ in (besides train.seed): none changes a shape,
+# so tfmjax.train.stacked gives each run its own as a traced array (make_training's hyper).
+HYPERPARAMETERS = (
+    "optim.learning_rate",
+    "optim.weight_decay",
+    "optim.warmup_steps",
+    "optim.label_smoothing",
+    "model.dropout_rate",
+)
+
+
+def hyperparameters(experiment: Experiment) -> dict:
+    """The experiment's :data:`HYPERPARAMETERS`, by key: ``{"optim.learning_rate": 3e-3, ...}``."""
+    sections = {"optim": experiment.optim, "model": experiment.model}
+    return {key: getattr(sections[key.split(".")[0]], key.split(".")[1]) for key in HYPERPARAMETERS}
+
+
+def make_run_schedule(experiment: Experiment, hyper: dict | None = None):
+    """The learning-rate schedule: one-line ConfigError for settings that do not fit.
+    ``hyper``: :data:`HYPERPARAMETERS` in place of the config's (see :func:`make_training`)."""
     m, o, t = experiment.model, experiment.optim, experiment.train
+    h = {**hyperparameters(experiment), **(hyper or {})}
     try:
         return make_schedule(
             o.schedule,
-            peak_lr=o.learning_rate,
-            warmup_steps=o.warmup_steps,
+            peak_lr=h["optim.learning_rate"],
+            warmup_steps=h["optim.warmup_steps"],
             total_steps=schedule_span(experiment),
             d_model=m.d_model,
             end_lr=o.end_learning_rate,
@@ -187,11 +206,40 @@ def make_run_schedule(experiment: Experiment):
         ) from None
 
 
+def make_training(experiment: Experiment, hyper: dict | None = None) -> tuple:
+    """``(schedule, tx, step)``: the schedule, the optimizer and the pure train step.
+
+    ``hyper`` maps some :data:`HYPERPARAMETERS` to values in place of the config's: traced
+    per-run arrays when :mod:`tfmjax.train.stacked` builds the step inside ``jax.vmap``
+    (the builders take arrays where they take these numbers). Without it, the numbers are the
+    config's Python floats, the plain run's step."""
+    m, o = experiment.model, experiment.optim
+    h = {**hyperparameters(experiment), **(hyper or {})}
+    schedule = make_run_schedule(experiment, h)
+    tx = make_optimizer(
+        schedule=schedule,
+        weight_decay=h["optim.weight_decay"],
+        b1=o.b1,
+        b2=o.b2,
+        eps=o.eps,
+        clip_norm=o.clip_norm,
+    )
+    dropout = (hyper or {}).get("model.dropout_rate")  # None: the config's
+    step = make_train_step(
+        build(m, deterministic=False, dropout_rate=dropout),
+        tx,
+        schedule,
+        label_smoothing=h["optim.label_smoothing"],
+        grad_accum_steps=o.grad_accum_steps,
+    )
+    return schedule, tx, step
+
+
 def _build_run(experiment: Experiment) -> Run:
-    m, o, t, d = experiment.model, experiment.optim, experiment.train, experiment.data
+    m, t, d = experiment.model, experiment.train, experiment.data
     model = build(m)
     source = _source(experiment, model)
-    schedule = make_run_schedule(experiment)
+    schedule, tx, step = make_training(experiment)
     try:
         evaluator = make_evaluator(m, source, batch_size=d.batch_size, num_examples=d.eval_examples)
     except (ValueError, InputError) as err:
@@ -201,21 +249,6 @@ def _build_run(experiment: Experiment) -> Run:
             f"train.best_metric={t.best_metric!r} is not measured on data.task={d.task!r}; "
             f"use one of {', '.join(evaluator.metric_names)}"
         )
-    tx = make_optimizer(
-        schedule=schedule,
-        weight_decay=o.weight_decay,
-        b1=o.b1,
-        b2=o.b2,
-        eps=o.eps,
-        clip_norm=o.clip_norm,
-    )
-    step = make_train_step(
-        build(m, deterministic=False),
-        tx,
-        schedule,
-        label_smoothing=o.label_smoothing,
-        grad_accum_steps=o.grad_accum_steps,
-    )
     placement = Placement.for_run(experiment)
     sample = source.batch(
         batch_format=model.batch_format, batch_size=d.batch_size, seed=t.seed, step=0

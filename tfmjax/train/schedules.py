@@ -8,6 +8,11 @@ Warmup convention shared by all ``warmup_*`` schedules: the rate rises
 linearly from 0 at step 0 to ``peak_lr`` at step ``warmup_steps``;
 ``warmup_steps=0`` means ``peak_lr`` from step 0. Past ``total_steps`` a
 decaying schedule stays at ``end_lr``.
+
+``peak_lr`` and ``warmup_steps`` may also be traced arrays (unchecked: they come from
+checked configs), one per run when :mod:`tfmjax.train.stacked` vmaps the step over runs
+with their own rates and warmups; the Python numbers of a plain run take the same code
+they always did (the branches on ``warmup_steps == 0`` in Python).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -38,12 +44,16 @@ SCHEDULE_NAMES: tuple[str, ...] = SCHEDULES
 
 
 def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, jax.Array):  # a traced per-run value (tfmjax.train.stacked)
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
 
 
 def _check_float(name: str, value, minimum: float = 0.0) -> float:
+    if isinstance(value, jax.Array):  # a traced per-run value (tfmjax.train.stacked)
+        return value
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value < minimum:
         raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
@@ -52,7 +62,7 @@ def _check_float(name: str, value, minimum: float = 0.0) -> float:
 
 def _check_total(total_steps, warmup_steps: int) -> int:
     total_steps = _check_int("total_steps", total_steps, 0)
-    if total_steps < warmup_steps:
+    if not isinstance(warmup_steps, jax.Array) and total_steps < warmup_steps:
         raise ValueError(f"total_steps must be >= warmup_steps={warmup_steps}, got {total_steps!r}")
     return total_steps
 
@@ -66,6 +76,9 @@ def _as_float(step) -> jnp.ndarray:
 
 def _warmup_factor(step: jnp.ndarray, warmup_steps: int) -> jnp.ndarray:
     """Linear 0 -> 1 over [0, warmup_steps], 1 after; 1 everywhere if warmup_steps == 0."""
+    if isinstance(warmup_steps, jax.Array):
+        ramp = jnp.clip(step / jnp.maximum(warmup_steps, 1), 0.0, 1.0)
+        return jnp.where(warmup_steps == 0, jnp.ones_like(step), ramp)
     if warmup_steps == 0:
         return jnp.ones_like(step)
     return jnp.clip(step / warmup_steps, 0.0, 1.0)
@@ -76,6 +89,10 @@ def _decay_progress(step: jnp.ndarray, start: int, end: int) -> jnp.ndarray:
 
     An empty window (start == end) is 0 up to ``start`` and 1 after it.
     """
+    if isinstance(start, jax.Array):
+        empty = jnp.where(step > start, 1.0, 0.0).astype(jnp.float32)
+        ramp = jnp.clip((step - start) / jnp.maximum(end - start, 1), 0.0, 1.0)
+        return jnp.where(end == start, empty, ramp)
     if end == start:
         return jnp.where(step > start, 1.0, 0.0).astype(jnp.float32)
     return jnp.clip((step - start) / (end - start), 0.0, 1.0)
@@ -175,7 +192,7 @@ def warmup_stable_decay(
     if decay_fraction > 1.0:
         raise ValueError(f"decay_fraction must be in [0, 1], got {decay_fraction!r}")
     decay_start = total_steps - round(decay_fraction * total_steps)
-    if decay_start < warmup_steps:
+    if not isinstance(warmup_steps, jax.Array) and decay_start < warmup_steps:
         raise ValueError(
             f"decay_fraction={decay_fraction!r} makes the decay start at step {decay_start}, "
             f"before warmup_steps={warmup_steps} ends; valid: decay_fraction <= "

@@ -1,5 +1,13 @@
-"""Runs that differ only in ``train.seed``, trained as one program: ``jax.vmap`` over a run
-axis of the states and of the batches, one jitted call for all of them.
+"""Runs that share every shape, trained as one program: ``jax.vmap`` over a run axis of the
+states, of the batches and of the numbers they differ in, one jitted call for all of them.
+
+Runs may differ in ``train.seed`` and in the :data:`~tfmjax.train.run.HYPERPARAMETERS`
+(learning rate, weight decay, warmup, dropout rate, label smoothing), nothing else
+(:func:`stackable`; :func:`group_key` is what they share). The numbers that differ within
+the group are per-run float32 arrays, vmapped with the states; the step is built from them
+inside the trace by the plain run's own builders (:func:`tfmjax.train.run.make_training`),
+which take arrays where they take those numbers. The numbers the runs share stay Python
+constants, so a group of seeds compiles the plain step's arithmetic.
 
 :func:`train_stacked` is :func:`tfmjax.train.loop.train` for R runs at once: each run keeps
 its own workdir, lock, checkpoints, ``metrics.jsonl``, console and plot (written by the
@@ -15,7 +23,7 @@ A signal stops all of them after the current call, each saved.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import json
 from pathlib import Path
 
 import jax
@@ -29,17 +37,36 @@ from tfmjax.reporting.console import Console
 from tfmjax.reporting.metrics_log import MetricsLog
 from tfmjax.train.loop import _header, _Loop, call_spans
 from tfmjax.train.resume import restore
-from tfmjax.train.run import build_run
+from tfmjax.train.run import HYPERPARAMETERS, build_run, hyperparameters, make_training
 from tfmjax.train.step import make_train_steps
 from tfmjax.train.stopping import StopSignals
 
 
+def group_key(experiment: Experiment) -> str:
+    """What the runs of one program share, as JSON: ``experiment``'s config without its
+    name, workdir, seed and :data:`HYPERPARAMETERS`."""
+    raw = experiment.to_dict()
+    for key in ("name", "train.workdir", "train.seed", *HYPERPARAMETERS):
+        *sections, field = key.split(".")
+        del (raw[sections[0]] if sections else raw)[field]
+    return json.dumps(raw, sort_keys=True)
+
+
 def stackable(a: Experiment, b: Experiment) -> bool:
-    """Whether ``a`` and ``b`` differ in nothing but ``train.seed``, the workdir and name."""
-    strip = lambda e: dataclasses.replace(
-        e, name="", train=dataclasses.replace(e.train, seed=0, workdir="")
-    )
-    return strip(a) == strip(b)
+    """Whether ``a`` and ``b`` differ in nothing but ``train.seed``, the
+    :data:`HYPERPARAMETERS`, the workdir and the name: one program can train both."""
+    return group_key(a) == group_key(b)
+
+
+def varying(experiments: list[Experiment]) -> dict:
+    """The :data:`HYPERPARAMETERS` that differ among ``experiments``: ``{key: float32 [R]}``,
+    one value per run, in order (empty for runs that differ only in their seeds)."""
+    values = [hyperparameters(e) for e in experiments]
+    return {
+        key: jnp.asarray([v[key] for v in values], jnp.float32)
+        for key in HYPERPARAMETERS
+        if len({v[key] for v in values}) > 1
+    }
 
 
 def _stack(trees):
@@ -50,16 +77,24 @@ def _take(tree, i: int):
     return jax.tree.map(lambda x: x[i], tree)
 
 
-_VMAPPED: dict[int, object] = {}
+_VMAPPED: dict[tuple, object] = {}
 
 
-def _vmapped_steps(run):
-    """``train_steps`` vmapped over the run axis, jitted, the stacked state donated."""
-    key = id(run.step_fn)
-    if key not in _VMAPPED:
+def _vmapped_steps(experiment: Experiment, keys: tuple[str, ...]):
+    """The train steps of ``experiment``'s group vmapped over the run axis (the state, the
+    batches and the values of ``keys``), jitted, the stacked state donated. The numbers not
+    in ``keys`` are ``experiment``'s, compiled in as constants (so part of the cache key)."""
+    shared = {k: v for k, v in hyperparameters(experiment).items() if k not in keys}
+    cache_key = (group_key(experiment), keys, json.dumps(shared, sort_keys=True))
+    if cache_key not in _VMAPPED:
+
+        def train_steps(state, batches, hyper: dict):
+            _, _, step = make_training(experiment, hyper)
+            return make_train_steps(step)(state, batches)
+
         _VMAPPED.clear()
-        _VMAPPED[key] = jax.jit(jax.vmap(make_train_steps(run.step_fn)), donate_argnums=0)
-    return _VMAPPED[key]
+        _VMAPPED[cache_key] = jax.jit(jax.vmap(train_steps), donate_argnums=0)
+    return _VMAPPED[cache_key]
 
 
 def _open(experiment: Experiment, stack: contextlib.ExitStack, stream=None) -> tuple:
@@ -83,14 +118,19 @@ def _open(experiment: Experiment, stack: contextlib.ExitStack, stream=None) -> t
 
 
 def train_stacked(experiments: list[Experiment], *, streams=None, plot: bool = True) -> dict:
-    """Train (or resume) runs that differ only in their seeds as one program, each printing
+    """Train (or resume) :func:`stackable` runs as one program, each printing
     to its own of ``streams`` (default stdout); returns ``{"step", "stopped"}``
     (``stopped``: the signal's name, or False). A signal before the
     first step saves nothing; after it, every run saves the step it reached. ConfigError if
     the runs are not :func:`stackable` or resume from different steps."""
     first = experiments[0]
-    if not all(stackable(first, e) for e in experiments[1:]):
-        raise ConfigError("runs trained as one program may differ only in train.seed")
+    for e in experiments[1:]:
+        if not stackable(first, e):
+            raise ConfigError(
+                f"runs trained as one program may differ only in train.seed and "
+                f"{', '.join(HYPERPARAMETERS)}; {e.workdir} differs from {first.workdir} "
+                "in more"
+            )
     with StopSignals() as stop, contextlib.ExitStack() as stack:
         streams = streams or [None] * len(experiments)
         opened = [_open(e, stack, out) for e, out in zip(experiments, streams, strict=True)]
@@ -102,7 +142,7 @@ def train_stacked(experiments: list[Experiment], *, streams=None, plot: bool = T
             )
         step = starts.pop()
         if not stop.requested:
-            step = _run_steps(opened, step, first.train, stop)
+            step = _run_steps(opened, step, experiments, stop)
         for loop in (o[1] for o in opened):
             loop.ckpt.wait()
     if plot:
@@ -113,11 +153,13 @@ def train_stacked(experiments: list[Experiment], *, streams=None, plot: bool = T
     return {"step": step, "stopped": stop.requested or False}
 
 
-def _run_steps(opened: list[tuple], start: int, t, stop: StopSignals) -> int:
+def _run_steps(opened: list[tuple], start: int, experiments, stop: StopSignals) -> int:
     """The calls from ``start`` on, stacked; returns the step reached (saved if stopped)."""
     runs, loops = [o[0] for o in opened], [o[1] for o in opened]
     state = _stack([o[2] for o in opened])
-    steps_fn = _vmapped_steps(runs[0])
+    hyper = varying(experiments)
+    steps_fn = _vmapped_steps(experiments[0], tuple(hyper))
+    t = experiments[0].train
     step = start
     for lo, hi in call_spans(start, t.steps, t.steps_per_call):
         batches = [[run.batch(s) for s in range(lo, hi)] for run in runs]
@@ -125,7 +167,7 @@ def _run_steps(opened: list[tuple], start: int, t, stop: StopSignals) -> int:
             key: np.stack([np.stack([b[key] for b in per_run]) for per_run in batches])
             for key in batches[0][0]
         }
-        state, _ = steps_fn(state, stacked)
+        state, _ = steps_fn(state, stacked, hyper)
         step = hi
         state = _at_step_end(loops, state, lo, hi, t)
         if stop.requested and hi < t.steps:

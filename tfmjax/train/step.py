@@ -39,9 +39,15 @@ from tfmjax.train.state import AUX_PREFIX, TrainState, sum_keys
 
 
 def batch_sums(logits, targets, mask, label_smoothing: float) -> dict:
-    """Float32 sums of a batch: smoothed loss, NLL, tokens, correct tokens, exact sequences."""
+    """Float32 sums of a batch: smoothed loss, NLL, tokens, correct tokens, exact sequences.
+    ``label_smoothing`` may be a traced per-run array (:mod:`tfmjax.train.stacked`): where it
+    is 0 the NLL is then the loss sum itself, as for a Python 0."""
     loss_sum, tokens = cross_entropy(logits, targets, mask, label_smoothing)
-    nll_sum = cross_entropy(logits, targets, mask)[0] if label_smoothing else loss_sum
+    if isinstance(label_smoothing, jax.Array):
+        nll = cross_entropy(logits, targets, mask)[0]
+        nll_sum = jnp.where(label_smoothing > 0, nll, loss_sum)
+    else:
+        nll_sum = cross_entropy(logits, targets, mask)[0] if label_smoothing else loss_sum
     correct, _ = token_accuracy(logits, targets, mask)
     exact, sequences = sequence_exact_match(logits, targets, mask)
     return {
