@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from tfmjax.config import DTYPES as config_dtypes
 from tfmjax.config import ModelConfig
-from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
+from tfmjax.layers.attention_variants import ATTENTION_VARIANTS, CAUSAL_ONLY
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, VOCAB, constrain, dense_inits, named
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.embeddings import TokenEmbedding
@@ -58,6 +58,9 @@ def block_config(cfg: ModelConfig) -> BlockConfig:
         rope_dim=cfg.mla_rope_dim,
         feature_map=cfg.feature_map,
         num_features=cfg.num_features,
+        ssm_state=cfg.ssm_state,
+        ssm_expand=cfg.ssm_expand,
+        ssm_conv=cfg.ssm_conv,
         scale_attention=cfg.scale_attention,
         attention_impl=cfg.attention_impl,
         moe_experts=cfg.moe_experts,
@@ -81,12 +84,29 @@ def cache_bytes(cfg: ModelConfig, batch: int, num_layers: int, capacity: int) ->
     return variant.cache_bytes(block_config(cfg), batch, num_layers, capacity)
 
 
-def make_stack(cfg: ModelConfig, block, num_layers: int, deterministic: bool, name: str, **kw):
-    """A :class:`LayerStack` of ``block`` configured from ``cfg``: with ``model.moe_experts``,
-    every ``model.moe_every``-th block's feed-forward is a mixture of experts."""
+def encoder_block_config(cfg: ModelConfig) -> BlockConfig:
+    """The block config of an encoder: a causal-only self-mixer (retention, selective_scan)
+    has no bidirectional form, so an encoder keeps softmax self-attention."""
+    c = block_config(cfg)
+    return c._replace(attention="softmax") if c.attention in CAUSAL_ONLY else c
+
+
+def make_stack(
+    cfg: ModelConfig,
+    block,
+    num_layers: int,
+    deterministic: bool,
+    name: str,
+    encoder: bool = False,
+    **kw,
+):
+    """A :class:`LayerStack` of ``block`` configured from ``cfg`` (``encoder``: by
+    :func:`encoder_block_config`): with ``model.moe_experts``, every ``model.moe_every``-th
+    block's feed-forward is a mixture of experts."""
+    c = encoder_block_config(cfg) if encoder else block_config(cfg)
     return LayerStack(
         block,
-        {"cfg": block_config(cfg), "deterministic": deterministic, **kw},
+        {"cfg": c, "deterministic": deterministic, **kw},
         num_layers,
         scan=cfg.scan_layers,
         remat=cfg.remat,

@@ -59,7 +59,7 @@ class EncoderDecoder(Family, nn.Module):
         self.encoder_extras = PositionExtras(cfg, bidirectional=True, name="encoder_extras")
         self.decoder_extras = PositionExtras(cfg, bidirectional=False, name="decoder_extras")
         self.encoder = make_stack(
-            cfg, EncoderBlock, cfg.num_layers, self.deterministic, name="encoder"
+            cfg, EncoderBlock, cfg.num_layers, self.deterministic, name="encoder", encoder=True
         )
         self.decoder = make_stack(
             cfg, DecoderBlock, cfg.decoder_layers, self.deterministic, name="decoder"

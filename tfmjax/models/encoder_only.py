@@ -43,7 +43,7 @@ class EncoderOnly(Family, nn.Module):
         self.embedder = Embedder(cfg, name="embed")
         self.extras = PositionExtras(cfg, bidirectional=True, name="extras")
         self.stack = make_stack(
-            cfg, EncoderBlock, cfg.num_layers, self.deterministic, name="encoder"
+            cfg, EncoderBlock, cfg.num_layers, self.deterministic, name="encoder", encoder=True
         )
         self.head = OutputHead(cfg, name="head")
 
