@@ -29,6 +29,8 @@ FAMILY_CASES = [
     ("tiny-vaswani", {}),
     ("tiny-mla", {}),
     ("tiny-linear", {}),
+    ("tiny-retnet", {"num_layers": 1}),  # recurrent states: retention's S
+    ("tiny-mamba", {"num_layers": 1}),  # the scan state and the convolution's last inputs
     ("tiny-gpt2", {"window": 1, "global_tokens": 2}),  # prompt lengths decoded apart
 ]
 
