@@ -66,18 +66,20 @@ def check_recurrent_mixer(cfg: Any) -> None:
         cfg.global_tokens,
         f"sparse patterns apply to softmax and mla attention, not {name}",
     )
-    require(
-        cfg.num_kv_heads in (None, cfg.num_heads) or name == "selective_scan",
-        "model.num_kv_heads",
-        cfg.num_kv_heads,
-        "retention has one key/value head per query head: leave it unset",
-    )
-    require(
-        cfg.num_kv_heads is None or name != "selective_scan",
-        "model.num_kv_heads",
-        cfg.num_kv_heads,
-        "selective_scan has no heads: leave it unset",
-    )
+    if name == "retention":
+        require(
+            cfg.num_kv_heads in (None, cfg.num_heads),
+            "model.num_kv_heads",
+            cfg.num_kv_heads,
+            "retention has one key/value head per query head: leave it unset",
+        )
+    else:
+        require(
+            cfg.num_kv_heads is None,
+            "model.num_kv_heads",
+            cfg.num_kv_heads,
+            "selective_scan has no heads: leave it unset",
+        )
     if cfg.family == "decoder_only":
         require(
             cfg.attention_impl == "auto",
