@@ -1,4 +1,5 @@
-"""Decoding cache size per attention system: MHA, GQA, MQA, MLA and linear attention.
+"""Decoding cache size per attention system: MHA, GQA, MQA, MLA, linear attention, retention
+and the selective scan.
 
     python bench/cache_size.py [--width 768 --heads 12 --layers 12]
 
@@ -9,6 +10,9 @@ memory is allocated) and checked against the formula (``model.kv_cache_bytes``):
   MHA / GQA / MQA   2 · L · K · S · H        (K = 12, 4, 1 key/value heads)
   MLA               L · S · (R + Hr)         (latent R = 4H = 256, decoupled RoPE Hr = 32)
   linear            L · K · (F · (H + 1) + 1) (state; F = H for elu), whatever S is
+  retention         L · N · H · H            (state S per head), whatever S is
+  selective scan    L · E · (P + W - 1)      (scan state, last W-1 conv inputs; E = 2D,
+                                              P = 16, W = 4), whatever S is
 float32 throughout; segment ids and indices are not counted.
 """
 
@@ -44,6 +48,10 @@ def systems(width: int, heads: int, layers: int) -> dict[str, ModelConfig]:
         "MQA (K=1)": ModelConfig(**base, num_kv_heads=1),
         f"MLA (R={4 * H}, Hr={H // 2})": ModelConfig(**base, attention="mla"),
         "linear (elu)": ModelConfig(**base, attention="linear"),
+        "retention": ModelConfig(**base, attention="retention"),
+        "selective_scan (P=16)": ModelConfig(
+            **dict(base, position="none"), attention="selective_scan"
+        ),
     }
 
 
@@ -82,7 +90,10 @@ def main(argv=None) -> int:
         mha_per_token = mha_per_token or per_token
         cells = "".join(f"{size / 2**20:>11.2f} MB" for size in sizes)
         print(f"{name:<22}{cells}{per_token:>10.0f} B{mha_per_token / per_token:>8.1f}x")
-    print("linear attention's state does not grow with S: its 'per token' is at S=16384.")
+    print(
+        "linear attention's, retention's and the selective scan's states do not grow with S: "
+        "their 'per token' is at S=16384."
+    )
     return 0
 
 

@@ -60,6 +60,13 @@ def test_attention_systems_are_the_configs_attentions():
     assert ATTENTION_NAMES == C.ATTENTIONS
 
 
+def test_causal_only_attentions_are_the_variants_that_say_so():
+    """The config refuses an encoder_only model with these (tfmjax.config.mixer_checks)."""
+    from tfmjax.layers.attention_variants import CAUSAL_ONLY
+
+    assert CAUSAL_ONLY == C.CAUSAL_ONLY_ATTENTIONS
+
+
 def test_every_attention_system_builds_a_block():
     """Each ``model.attention`` value is a self-attention module the blocks build."""
     for attention in C.ATTENTIONS:
@@ -74,8 +81,13 @@ def test_every_attention_system_builds_a_block():
         )
         params = models.build(cfg).init(jax.random.key(0), {"tokens": jnp.ones((1, 4), int)})
         names = set(params["params"]["decoder"]["layers"]["attention"])
-        expected = {"kv_down", "kv_norm", "key_up", "value_up", "query", "out"}
-        assert names == (expected if attention == "mla" else {"query", "key", "value", "out"})
+        expected = {
+            "mla": {"kv_down", "kv_norm", "key_up", "value_up", "query", "out"},
+            "retention": {"query", "key", "value", "gate", "norm_scale", "norm_bias", "out"},
+            "selective_scan": {"in_proj", "conv_kernel", "conv_bias", "x_proj", "dt_proj"}
+            | {"A_log", "D_skip", "out_proj"},
+        }
+        assert names == expected.get(attention, {"query", "key", "value", "out"})
 
 
 def test_every_configured_schedule_is_built():

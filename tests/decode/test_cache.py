@@ -30,6 +30,8 @@ DECODER_ONLY = [
     ("tiny-mla", {"position": "alibi", "q_rank": None, "rope_dim": None, "window": 4}),
     ("tiny-linear", {}),  # recurrent state
     ("tiny-linear", {"feature_map": "favor", "num_features": 16, "num_kv_heads": 2}),
+    ("tiny-retnet", {"num_layers": 1}),  # retention: RoPE, chunkwise prefill, then steps
+    ("tiny-mamba", {"num_layers": 1}),  # selective scan: scan and convolution states
     ("tiny-mixtral", {}),  # mixture of experts: top-2, dropless, every block
     # top-1 every other block (a scanned stack of 2-block groups); dropless: with a capacity
     # the prefill could drop a token that one-token steps never drop
@@ -47,11 +49,14 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"position": "relative", "window": 2, "scan_layers": False}),
     ("tiny-vaswani", {"attention": "mla", "kv_rank": 24, "global_tokens": 1}),
     ("tiny-vaswani", {"attention": "linear", "position": "rope", "num_kv_heads": 1}),
+    ("tiny-vaswani", {"attention": "retention", "num_layers": 1}),  # decoder self-mixer only
+    ("tiny-vaswani", {"attention": "selective_scan", "num_layers": 1}),
     ("tiny-vaswani", {"moe_experts": 4, "moe_top_k": 2, "moe_capacity_factor": 0.0}),
     ("tiny-vaswani", {"position": "fire"}),
     ("tiny-vaswani", {"position": "abacus", "digit_first_id": 5}),
     ("tiny-vaswani", {"position": "alibi", "position_sampling": "randomized", "max_position": 64}),
 ]
+RECURRENT = ("linear", "retention", "selective_scan")  # a constant-size state, no slots
 STEPS = 5
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -80,7 +85,7 @@ def test_decoder_only_cached_logits_match_full_forward(tiny, name, overrides):
     # Cached: left-padded prompt prefilled in one pass, then one token per step.
     arrays = tuple(map(jnp.asarray, model.prompt_arrays(prompts)))
     logits, cache = PREFILL(model, params, arrays, STEPS + 1)
-    slots = 0 if cfg.attention == "linear" else arrays[0].shape[1] + STEPS  # linear: no slots
+    slots = 0 if cfg.attention in RECURRENT else arrays[0].shape[1] + STEPS
     assert cache.capacity == slots
     rows = np.arange(len(n))
     for t in range(STEPS + 1):
@@ -101,7 +106,7 @@ def test_encoder_decoder_cached_logits_match_full_forward(tiny, name, overrides)
         full_logits(model, params, jnp.asarray(cont), jnp.ones_like(cont), jnp.asarray(inputs))
     )
     logits, cache = PREFILL(model, params, (jnp.asarray(inputs),), STEPS + 1)
-    assert cache.capacity == (0 if cfg.attention == "linear" else STEPS + 1)
+    assert cache.capacity == (0 if cfg.attention in RECURRENT else STEPS + 1)
     assert all("cross" in layer for layer in cache.layers)
     assert cache.encoded.shape[:2] == inputs.shape
     cross_before = [layer["cross"]["k"] for layer in cache.layers]

@@ -29,6 +29,8 @@ FAMILY_CASES = [
     ("tiny-vaswani", {}),
     ("tiny-mla", {}),
     ("tiny-linear", {}),
+    ("tiny-retnet", {"num_layers": 1}),  # recurrent states: retention's S
+    ("tiny-mamba", {"num_layers": 1}),  # the scan state and the convolution's last inputs
     ("tiny-gpt2", {"window": 1, "global_tokens": 2}),  # prompt lengths decoded apart
 ]
 
@@ -144,7 +146,8 @@ def _brute_force_best(model, params, prompt, steps, eos, alpha):
     return hyps[best], score[best]
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-vaswani"])
+# tiny-retnet, tiny-mamba: beams reorder and repeat recurrent states, not KV slots.
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-vaswani", "tiny-retnet", "tiny-mamba"])
 def test_wide_beam_finds_brute_force_best(tiny, name):
     model, params = tiny(name, vocab_size=5, embed_scale=0.5)
     steps, eos, alpha = 3, 2, 0.6

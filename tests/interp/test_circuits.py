@@ -306,7 +306,13 @@ def test_encoder_decoder_stacks_and_cross_attention():
 
 
 @pytest.mark.parametrize(
-    "system", [dict(attention="linear"), dict(attention="mla", num_kv_heads=None, kv_rank=8)]
+    "system",
+    [
+        dict(attention="linear"),
+        dict(attention="mla", num_kv_heads=None, kv_rank=8),
+        dict(attention="retention", num_kv_heads=None),
+        dict(attention="selective_scan", num_kv_heads=None),
+    ],
 )
 def test_other_attention_systems_raise(system):
     model = build(dataclasses.replace(TINY, **system))

@@ -16,7 +16,17 @@ CFG = BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, head_dim=4, d_ff=32, 
 
 
 def test_names_are_the_table_keys():
-    assert ATTENTION_NAMES == tuple(ATTENTION_VARIANTS) == ("softmax", "mla", "linear")
+    assert (
+        ATTENTION_NAMES
+        == tuple(ATTENTION_VARIANTS)
+        == (
+            "softmax",
+            "mla",
+            "linear",
+            "retention",
+            "selective_scan",
+        )
+    )
 
 
 @pytest.mark.parametrize("name", ATTENTION_NAMES)
@@ -29,8 +39,9 @@ def test_variant_builds_and_its_cache_bytes_match_its_cache(name):
     x, positions = jnp.ones((2, 3, 16)), jnp.broadcast_to(jnp.arange(3), (2, 3))
     cache = variant.init_cache(cfg, 2, 5)
     ones = jnp.ones((2, 3), jnp.int32)
-    params = module.init(jax.random.key(0), x, q_positions=positions)
-    y, cache = module.apply(params, x, q_positions=positions, q_segment_ids=ones, cache=cache)
+    kw = dict(q_positions=positions, causal=True)  # retention, selective_scan: causal only
+    params = module.init(jax.random.key(0), x, **kw)
+    y, cache = module.apply(params, x, **kw, q_segment_ids=ones, cache=cache)
     assert y.shape == x.shape and int(cache["index"]) == 3
     arrays = {k: v for k, v in cache.items() if k not in ("segment_ids", "index")}
     assert sum(a.nbytes for a in arrays.values()) == variant.cache_bytes(cfg, 2, 1, 5)

@@ -5,7 +5,7 @@ import math
 import jax
 import pytest
 
-from tfmjax.models import PRESETS, build, get_preset
+from tfmjax.models import PRESETS, build, get_preset, preset
 from tfmjax.summary import count_params
 
 
@@ -23,6 +23,19 @@ def mla(D, N, H, R, Rq, Hr, bias):
     return kv + q + N * H * D + (D if bias else 0)
 
 
+def retention(D, N, H, bias):
+    # MHA's projections (one key/value head per query head), the swish gate W_G (D x NH)
+    # and the per-head GroupNorm's scale and bias (N x H each).
+    return mha(D, N, N, H, bias) + D * N * H + (N * H if bias else 0) + 2 * N * H
+
+
+def selective_scan(D, P, expand, W):
+    # in_proj (D x 2E), conv (W x E + E), x_proj (E x (R + 2P)), dt_proj (R x E + E),
+    # A_log (E x P), D_skip (E), out_proj (E x D); E = expand D, R = ceil(D / 16).
+    E, R = expand * D, math.ceil(D / 16)
+    return D * 2 * E + W * E + E + E * (R + 2 * P) + R * E + E + E * P + E + E * D
+
+
 def ffn(D, F, gated, bias):
     return (3 if gated else 2) * D * F + ((2 * F if gated else F) + D if bias else 0)
 
@@ -35,8 +48,14 @@ def closed_form(c):
     D, N, K, H, F, V = c.d_model, c.num_heads, c.kv_heads, c.head_width, c.d_ff, c.vocab_size
     gated = c.activation in ("swiglu", "geglu")
     attn, mlp, ln = mha(D, N, K, H, c.use_bias), ffn(D, F, gated, c.use_bias), norm(D, c.norm)
+    softmax = attn  # cross-attention, and the encoder's self-attention with a causal mixer
     if c.attention == "mla":  # (self-attention; linear attention has MHA's projections)
         attn = mla(D, N, H, c.latent_kv_rank, c.q_rank, c.mla_rope_dim, c.use_bias)
+    if c.attention == "retention":
+        attn = retention(D, N, H, c.use_bias)
+    if c.attention == "selective_scan":
+        attn = selective_scan(D, c.ssm_state, c.ssm_expand, c.ssm_conv)
+    encoder_attn = softmax if c.attention in ("retention", "selective_scan") else attn
     total = V * D  # token embedding
     total += c.max_len * D if c.position == "learned" else 0
     total += 0 if c.tie_embeddings else V * D  # untied output projection
@@ -48,10 +67,13 @@ def closed_form(c):
     def mixtures(layers):
         return layers // c.moe_every if c.moe_experts else 0
 
-    encoder_layer = attn + mlp + 2 * ln
+    encoder_layer = attn + mlp + 2 * ln  # (decoder_only: the decoder's layers)
     total += mixtures(c.num_layers) * (moe_mlp - mlp)
     if c.family == "encoder_decoder":
         decoder_layer = 2 * attn + mlp + 3 * ln
+        if c.attention in ("retention", "selective_scan"):
+            decoder_layer = attn + softmax + mlp + 3 * ln
+        encoder_layer = encoder_attn + mlp + 2 * ln
         total += mixtures(c.decoder_layers) * (moe_mlp - mlp)
         total += c.num_layers * encoder_layer + c.decoder_layers * decoder_layer
         total += ln if c.norm_position == "pre" else 0  # encoder's final norm
@@ -145,3 +167,12 @@ def test_gqa_shrinks_key_value_projections():
     mha_twin = count_params(llama.__class__(**{**llama.__dict__, "num_kv_heads": None}))
     saved = 2 * llama.d_model * (llama.num_heads - llama.kv_heads) * llama.head_width
     assert mha_twin - count_params(llama) == saved * llama.num_layers
+
+
+@pytest.mark.parametrize("attention", ["retention", "selective_scan"])
+@pytest.mark.parametrize("base", ["tiny-vaswani", "tiny-gpt2"])
+def test_recurrent_mixers_match_closed_form(base, attention):
+    """Encoder-decoder: the decoder's self-mixer is the recurrent one, the encoder keeps
+    softmax self-attention (and cross-attention stays softmax)."""
+    config = preset(base, attention=attention, num_layers=1)
+    assert count_params(config) == closed_form(config) == _tree_count(config)

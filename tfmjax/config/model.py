@@ -18,6 +18,7 @@ from tfmjax.config.choices import (
     POSITIONS,
 )
 from tfmjax.config.fields import option
+from tfmjax.config.mixer_checks import check_recurrent_mixer
 from tfmjax.config.moe_checks import check_moe
 from tfmjax.config.position_checks import check_position_options
 
@@ -124,7 +125,9 @@ class ModelConfig:
         0, help="Longformer global tokens: the first N positions see and are seen by all"
     )
     attention: str = option(
-        "softmax", help="self-attention system: softmax, mla (latent KV) or linear (kernelised)"
+        "softmax",
+        help="self-attention system: softmax, mla (latent KV), linear (kernelised), retention "
+        "(RetNet) or selective_scan (Mamba); the last two are causal: an encoder keeps softmax",
     )
     kv_rank: int | None = option(
         None, help="mla: latent width R of keys/values (none: 4 head widths)"
@@ -139,6 +142,9 @@ class ModelConfig:
         "elu", help="linear attention feature map: elu (elu+1) or favor (FAVOR+)"
     )
     num_features: int = option(64, help="linear attention with favor: random features F")
+    ssm_state: int = option(16, help="selective_scan: state size P per channel")
+    ssm_expand: int = option(2, help="selective_scan: channels E = ssm_expand * d_model")
+    ssm_conv: int = option(4, help="selective_scan: width W of the causal convolution")
     moe_experts: int = option(
         0, help="mixture of experts: experts E per MoE feed-forward; 0 = dense feed-forwards"
     )
@@ -197,6 +203,7 @@ class ModelConfig:
         self._check_heads_and_positions()
         self._check_embeddings_and_layers()
         check_moe(self)
+        check_recurrent_mixer(self)
         check_position_options(self)
         if self.attention_impl == "cudnn":
             self._check_cudnn()
@@ -234,6 +241,9 @@ class ModelConfig:
             "kv_rank",
             "q_rank",
             "num_features",
+            "ssm_state",
+            "ssm_expand",
+            "ssm_conv",
         )
         require(self.global_tokens >= 0, "model.global_tokens", self.global_tokens, "must be >= 0")
 

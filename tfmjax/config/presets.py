@@ -108,6 +108,14 @@ PRESETS: dict[str, dict] = {
     ),
     # Linear attention with the elu+1 feature map (Katharopoulos et al. 2020).
     "tiny-linear": dict(_GPT2, **_TINY, attention="linear", feature_map="elu"),
+    # Multi-scale retention (RetNet, Sun et al. 2023) in LLaMA-style blocks; RoPE is RetNet's
+    # rotation without xPos. Decoding carries a [N,H,H] state per layer, not a KV cache.
+    "tiny-retnet": dict(_LLAMA, **dict(_TINY, d_ff=192), attention="retention"),
+    # A Mamba mixer (Gu & Dao 2023: expand 2, state 16, conv 4) in place of attention in
+    # LLaMA-style blocks; no positions (the scan and convolution are ordered).
+    "tiny-mamba": dict(
+        _LLAMA, **dict(_TINY, d_ff=192), attention="selective_scan", position="none"
+    ),
     # Mixtral 8x7B (Jiang et al. 2024): LLaMA-style blocks whose SwiGLU feed-forwards are 8
     # experts, 2 per token, dropless; 46.7B parameters, about 12.9B active per token.
     "mixtral-8x7b": dict(

@@ -124,6 +124,7 @@ class MultiHeadAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
     # Separate query, key, value and out kernels per head: the QK/OV circuits of interp.
     qk_ov_circuits: ClassVar[bool] = True
+    causal_only: ClassVar[bool] = False  # also bidirectional (encoders)
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str, *, cross: bool = False):

@@ -7,9 +7,11 @@ Each class builds itself from a block's config and owns its decoding cache:
 * ``cache_bytes(cfg, batch, num_layers, capacity)``: that cache's bytes by formula (segment
   ids and indices aside), for ``num_layers`` layers;
 * ``qk_ov_circuits``: whether per-head query, key, value and out kernels make the QK/OV
-  circuits of :mod:`tfmjax.interp.circuits`.
+  circuits of :mod:`tfmjax.interp.circuits`;
+* ``causal_only``: no bidirectional form (:data:`CAUSAL_ONLY`): an encoder keeps softmax
+  self-attention and an encoder_only model refuses it.
 
-Adding a variant (a recurrent mixer such as retention or a selective scan included) is one
+Adding a variant (a recurrent mixer such as retention or the selective scan included) is one
 module with those members and one entry here; the config validates ``model.attention``
 against :data:`ATTENTION_NAMES`.
 """
@@ -19,10 +21,16 @@ from __future__ import annotations
 from tfmjax.layers.attention import MultiHeadAttention
 from tfmjax.layers.latent_attention import LatentAttention
 from tfmjax.layers.linear_attention import LinearAttention
+from tfmjax.layers.retention import Retention
+from tfmjax.layers.selective_scan import SelectiveScan
 
 ATTENTION_VARIANTS: dict[str, type] = {
     "softmax": MultiHeadAttention,  # MHA / GQA / MQA
     "mla": LatentAttention,  # multi-head latent attention
     "linear": LinearAttention,  # kernelised, constant-size state
+    "retention": Retention,  # RetNet's multi-scale retention: causal, decaying state
+    "selective_scan": SelectiveScan,  # a Mamba mixer: causal, convolution + scan state
 }
+# Variants with no bidirectional form: an encoder keeps softmax self-attention.
+CAUSAL_ONLY: tuple[str, ...] = tuple(n for n, v in ATTENTION_VARIANTS.items() if v.causal_only)
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTION_VARIANTS)

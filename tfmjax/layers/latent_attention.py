@@ -71,6 +71,7 @@ class LatentAttention(nn.Module):
     norm_eps: float = 1e-6
     dtype: jnp.dtype = jnp.float32
     qk_ov_circuits: ClassVar[bool] = False  # keys and values come from a shared latent
+    causal_only: ClassVar[bool] = False  # also bidirectional (encoders)
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str):

@@ -59,6 +59,7 @@ class LinearAttention(nn.Module):
     rope_layout: str = "interleaved"
     dtype: jnp.dtype = jnp.float32
     qk_ov_circuits: ClassVar[bool] = False  # a feature map, not a softmax, between q and k
+    causal_only: ClassVar[bool] = False  # also bidirectional (encoders)
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str):

@@ -65,7 +65,8 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        """Preallocated slots ``S`` per row (0 for linear attention's constant-size state)."""
+        """Preallocated slots ``S`` per row (0 for the constant-size states of linear
+        attention, retention and the selective scan)."""
         first = self.self_attention[0]
         return first["k"].shape[2] if "k" in first else 0
 
@@ -76,9 +77,9 @@ class KVCache:
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of the self-attention keys and values (or MLA latents, or linear-attention
-        state): every array but segment ids and indices, what ``model.kv_cache_bytes``
-        counts."""
+        """Bytes of the self-attention keys and values (or MLA latents, or the recurrent state
+        of linear attention, retention or the selective scan): every array but segment ids
+        and indices, what ``model.kv_cache_bytes`` counts."""
         return int(
             sum(
                 a.nbytes

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from tfmjax.config import DTYPES as config_dtypes
 from tfmjax.config import ModelConfig
-from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
+from tfmjax.layers.attention_variants import ATTENTION_VARIANTS, CAUSAL_ONLY
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, VOCAB, constrain, dense_inits, named
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.dropout import Dropout
@@ -62,6 +62,9 @@ def block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
         rope_dim=cfg.mla_rope_dim,
         feature_map=cfg.feature_map,
         num_features=cfg.num_features,
+        ssm_state=cfg.ssm_state,
+        ssm_expand=cfg.ssm_expand,
+        ssm_conv=cfg.ssm_conv,
         scale_attention=cfg.scale_attention,
         attention_impl=cfg.attention_impl,
         moe_experts=cfg.moe_experts,
@@ -92,6 +95,13 @@ def cache_bytes(cfg: ModelConfig, batch: int, num_layers: int, capacity: int) ->
     return variant.cache_bytes(block_config(cfg), batch, num_layers, capacity)
 
 
+def encoder_block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
+    """The block config of an encoder: a causal-only self-mixer (retention, selective_scan)
+    has no bidirectional form, so an encoder keeps softmax self-attention."""
+    c = block_config(cfg, dropout_rate)
+    return c._replace(attention="softmax") if c.attention in CAUSAL_ONLY else c
+
+
 def make_stack(
     cfg: ModelConfig,
     block,
@@ -99,14 +109,16 @@ def make_stack(
     deterministic: bool,
     name: str,
     dropout_rate=None,
+    encoder: bool = False,
     **kw,
 ):
-    """A :class:`LayerStack` of ``block`` configured from ``cfg``: with ``model.moe_experts``,
-    every ``model.moe_every``-th block's feed-forward is a mixture of experts. ``dropout_rate``:
-    see :func:`dropout_rate_of`."""
+    """A :class:`LayerStack` of ``block`` configured from ``cfg`` (``encoder``: by
+    :func:`encoder_block_config`): with ``model.moe_experts``, every ``model.moe_every``-th
+    block's feed-forward is a mixture of experts. ``dropout_rate``: see :func:`dropout_rate_of`."""
+    configure = encoder_block_config if encoder else block_config
     return LayerStack(
         block,
-        {"cfg": block_config(cfg, dropout_rate), "deterministic": deterministic, **kw},
+        {"cfg": configure(cfg, dropout_rate), "deterministic": deterministic, **kw},
         num_layers,
         scan=cfg.scan_layers,
         remat=cfg.remat,

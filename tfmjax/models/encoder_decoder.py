@@ -68,6 +68,7 @@ class EncoderDecoder(Family, nn.Module):
             self.deterministic,
             dropout_rate=self.dropout_rate,
             name="encoder",
+            encoder=True,
         )
         self.decoder = make_stack(
             cfg,

@@ -52,6 +52,7 @@ class EncoderOnly(Family, nn.Module):
             self.deterministic,
             dropout_rate=self.dropout_rate,
             name="encoder",
+            encoder=True,
         )
         self.head = OutputHead(cfg, name="head")
 
