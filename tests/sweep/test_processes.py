@@ -96,3 +96,20 @@ def test_a_signal_is_forwarded_once_to_each_child_and_nothing_new_starts(tmp_pat
         assert job.returncode == 0 and _result(job)["signals"] == [signal.SIGTERM]
     assert jobs[2].returncode is None and not Path(jobs[2].argv[0]).exists()
     assert signal.getsignal(signal.SIGTERM) == before  # the pool's handler is gone
+
+
+def test_no_job_starts_once_keep_starting_says_no(tmp_path):
+    jobs, started = _jobs(tmp_path, 3, 0.05), []
+    stopped = run_pool(
+        jobs,
+        slots=1,
+        cores=None,
+        on_start=started.append,
+        on_end=lambda job: None,
+        command=_command(tmp_path),
+        keep_starting=lambda: len(started) < 2,  # a budget spent after two starts
+        poll_sec=0.01,
+    )
+    assert stopped is None and [j.name for j in started] == ["job0", "job1"]
+    assert [j.returncode for j in jobs] == [0, 0, None]
+    assert not Path(jobs[2].argv[0]).exists()

@@ -112,18 +112,24 @@ def run_pool(
     on_start: Callable[[Job], None],
     on_end: Callable[[Job], None],
     command: list[str] | None = None,
+    keep_starting: Callable[[], bool] = lambda: True,
     poll_sec: float = 0.1,
 ) -> int | None:
     """Run ``jobs``, ``slots`` at once, slot ``i`` pinned to ``cores[i % len(cores)]``
     (``cores=None``: unpinned), each ``command + job.argv`` (default :func:`train_command`).
-    Returns the signal number that stopped the pool, or None."""
+    A job starts only while ``keep_starting()`` (e.g. a time budget); the ones left never run
+    (their ``returncode`` stays None). Returns the signal number that stopped the pool, or None."""
     command = command or train_command()
     pending = list(reversed(jobs))
     running: dict[int, tuple[subprocess.Popen, Job]] = {}  # slot -> child
     with _Forwarder(running) as forwarder:
-        while running or (pending and not forwarder.requested):
+
+        def starting() -> bool:
+            return bool(pending) and not forwarder.requested and keep_starting()
+
+        while running or starting():
             free = [s for s in range(slots) if s not in running]
-            while free and pending and not forwarder.requested:
+            while free and starting():
                 slot, job = free.pop(0), pending.pop()
                 job.core = cores[slot % len(cores)] if cores else None
                 job.wall_sec = time.perf_counter()
