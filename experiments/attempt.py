@@ -3,7 +3,8 @@
     python experiments/attempt.py NAME configs/CONFIG.toml [key.sub=value ...]
 
 What a config header cites as "tried" comes from these records: the overrides, the curve,
-the wall time and the cores the run had (``taskset -c 0`` pins it to one core). A record
+the wall time and the cores the run had (one: the run is pinned to a core, as every run of
+the process pool of ``python -m tfmjax.sweep`` is; see ``experiments/sweep.py``). A record
 whose config hash is unchanged is not trained again.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, is_current, save, train  # noqa: E402
+from sweep import ROOT, Run, is_current, save, train_missing  # noqa: E402
 
 ATTEMPTS = ROOT / "experiments" / "results" / "attempts"
 
@@ -31,11 +32,14 @@ def main(argv=None) -> int:
     if is_current(path, args.config, args.overrides):
         print(f"{path.name} is current: nothing to train")
         return 0
-    record = train(args.config, args.overrides, ROOT / "runs" / "attempts" / args.name)
-    save(path, {"name": args.name, **record})
-    curve = ", ".join(f"{c['step']}: {c.get('exact_match', 0):.3f}" for c in record["curve"])
-    print(f"{args.name}: exact-match by step {curve}; {record['wall_sec']:.0f} s")
-    return 0
+    run = Run("attempts", args.name, args.name, args.config, tuple(args.overrides))
+
+    def store(run: Run, record: dict) -> None:
+        save(path, {"name": args.name, **record})
+        curve = ", ".join(f"{c['step']}: {c.get('exact_match', 0):.3f}" for c in record["curve"])
+        print(f"{args.name}: exact-match by step {curve}; {record['wall_sec']:.0f} s")
+
+    return train_missing([run], store)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,14 @@
     python experiments/attention_systems.py            # run what is missing, print the table
     python experiments/attention_systems.py --table   # ... and rewrite its table in docs/studies.md
     python experiments/attention_systems.py --only reverse --variants softmax,mla
+    python experiments/attention_systems.py --jobs 2 --dry-run   # list what would train
 
-Each run is ``train.py CONFIG OVERRIDES`` in a subprocess (wall time from start to exit,
-compilation included) on the 2-core CPU; its result is a small JSON file in
-``experiments/results/attention/`` keyed by a hash of the full config, so a rerun only
-trains what is missing or whose config changed, and the sweep can be spread over sittings.
+Each run is ``train.py CONFIG OVERRIDES`` (wall time from start to exit, compilation
+included), trained by the process pool of ``python -m tfmjax.sweep`` on the 2-core CPU,
+``--jobs`` at once, each pinned to a core (see ``experiments/sweep.py``); its result is a
+small JSON file in ``experiments/results/attention/`` keyed by a hash of the full config, so
+a rerun only trains what is missing or whose config changed, and the sweep can be spread
+over sittings.
 MLA's latent width is chosen so that its parameter count matches softmax attention's (the
 table shows both counts); linear attention and the sparse patterns have the same
 projections as softmax attention.
@@ -21,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, is_current, save, train, write_table  # noqa: E402
+from sweep import ROOT, Run, is_current, save, train_missing, train_options, write_table  # noqa: E402
 from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "attention"
@@ -66,11 +69,10 @@ def result_path(task: str, variant: str) -> Path:
     return RESULTS / f"{task}-{variant}.json"
 
 
-def run_one(task: str, variant: str, extra: list[str]) -> dict:
-    """Train one (task, variant) in a subprocess and return its result record."""
-    overrides = VARIANTS[variant][task] + extra
-    record = train(TASKS[task], overrides, ROOT / "runs" / "attention" / f"{task}-{variant}")
-    return {"task": task, "variant": variant, **record}
+def run_of(task: str, variant: str, extra: list[str]) -> Run:
+    """The run of one (task, variant)."""
+    overrides = (*VARIANTS[variant][task], *extra)
+    return Run("attention", f"{task}-{variant}", f"{task} with {variant}", TASKS[task], overrides)
 
 
 def pending(tasks, variants, extra: list[str]) -> list[tuple[str, str]]:
@@ -127,17 +129,18 @@ def main(argv=None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant {unknown[0]!r}; variants: {', '.join(VARIANTS)}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    for task, variant in pending(tasks, variants, args.extra):
-        print(f"training {task} with {variant} ...", flush=True)
-        record = run_one(task, variant, args.extra)
-        save(result_path(task, variant), record)
-        print(f"  {record['wall_sec']:.0f} s, step {record['step']}", flush=True)
-    text = table(tasks, variants)
-    print(text)
-    if args.table:
+    runs = {run_of(*pair, args.extra): pair for pair in pending(tasks, variants, args.extra)}
+
+    def store(run: Run, record: dict) -> None:
+        task, variant = runs[run]
+        save(result_path(task, variant), {"task": task, "variant": variant, **record})
+        print(f"  {run.label}: {record['wall_sec']:.0f} s, step {record['step']}", flush=True)
+
+    code = train_missing(list(runs), store, **train_options(args))
+    print(table(tasks, variants))
+    if args.table and not args.dry_run:
         write_table(BEGIN, END, table(list(TASKS), list(VARIANTS)))
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ addition, evaluated at 1x, 1.5x, 2x and 4x the longest training length, both fam
     python experiments/length_generalisation.py           # run what is missing, print the table
     python experiments/length_generalisation.py --table  # ... and rewrite docs/studies.md + PNG
     python experiments/length_generalisation.py --only copy --encodings rope,alibi --seeds 0
+    python experiments/length_generalisation.py --jobs 2 --budget 3600   # 2 runs at once, 1 h
 
 Training lengths: copy and reverse 1-8 symbols (tested at 8, 12, 16, 32), addition operands
 of 1-4 digits (tested with exactly 4, 6, 8, 16 digits). Encodings: sinusoidal, learned, RoPE,
@@ -12,9 +13,10 @@ itself; an encoder without positions cannot tell orders apart); FIRE; Abacus (ad
 only); and ``randomized_X``: encoding X trained on sorted random positions below
 ``MAX_POSITION`` (Ruoss et al. 2023; docs/length_generalisation.md). Every model has
 ``max_len = 72`` positions, so learned positions past the training lengths exist but were
-never trained (unless randomized). Each run trains with ``train.py`` (see
-``experiments/sweep.py``), then the checkpoint is scored in this process with greedy
-decoding on 256 eval-split examples per length; the result is
+never trained (unless randomized). Each run trains with ``train.py`` in the process pool of
+``python -m tfmjax.sweep`` (``--jobs`` at once, each pinned to a core; see
+``experiments/sweep.py``); as each one ends, its checkpoint is scored in this process with
+greedy decoding on 256 eval-split examples per length; the result is
 ``experiments/results/length/TASK-FAMILY-ENCODING-seedS.json``, keyed by a hash of the
 config and the evaluation, so the study can span sittings.
 """
@@ -31,7 +33,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, config_hash, save, train, write_table  # noqa: E402
+from sweep import (  # noqa: E402
+    ROOT,
+    Run,
+    config_hash,
+    save,
+    train_missing,
+    train_options,
+    write_table,
+)
 from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "length"
@@ -186,16 +196,23 @@ def score(workdir: Path, task: str) -> list[dict]:
     return out
 
 
-def run_one(task, family, encoding, seed, extra) -> dict:
-    name = f"{task}-{family}-{encoding}-seed{seed}"
-    record = train(
+def run_of(task, family, encoding, seed, extra) -> Run:
+    """The training run of one (task, family, encoding, seed)."""
+    return Run(
+        "length",
+        f"{task}-{family}-{encoding}-seed{seed}",
+        f"{task} {family} {encoding} {seed}",
         config_of(task, family),
-        overrides(task, family, encoding, seed, extra),
-        ROOT / "runs" / "length" / name,
+        tuple(overrides(task, family, encoding, seed, extra)),
     )
-    record.pop("curve")
+
+
+def scored(run: Run, record: dict, task, family, encoding, seed, extra) -> dict:
+    """The study's result: ``run``'s training ``record`` (without its curve) and the scores
+    of its checkpoint at each test length."""
+    record = {k: v for k, v in record.items() if k != "curve"}
     start = time.perf_counter()
-    scores = score(ROOT / "runs" / "length" / name, task)
+    scores = score(run.workdir, task)
     return {
         "task": task,
         "family": family,
@@ -286,24 +303,25 @@ def main(argv=None) -> int:
         bad = [c for c in chosen if c not in known]
         if bad:
             parser.error(f"unknown {name} {bad[0]!r}; choose from {', '.join(known)}")
-    start = time.monotonic()
-    for run in runs(tasks, families, encodings, seeds):
-        if is_current(run, args.extra):
-            continue
-        if args.budget is not None and time.monotonic() - start > args.budget:
-            print("time budget spent: the rest stays pending", flush=True)
-            break
-        print(f"training {' '.join(map(str, run))} ...", flush=True)
-        record = run_one(*run, args.extra)
-        save(result_path(*run), record)
-        em = " ".join(f"{p['exact_match']:.2f}" for p in record["scores"])
-        print(f"  exact-match {em}; {record['train']['wall_sec']:.0f} s", flush=True)
+    missing = [r for r in runs(tasks, families, encodings, seeds) if not is_current(r, args.extra)]
+    by_run = {run_of(*key, args.extra): key for key in missing}
+
+    def store(run: Run, record: dict) -> None:
+        key = by_run[run]
+        result = scored(run, record, *key, args.extra)
+        save(result_path(*key), result)
+        em = " ".join(f"{p['exact_match']:.2f}" for p in result["scores"])
+        print(f"  {run.label}: exact-match {em}; {record['wall_sec']:.0f} s", flush=True)
+
+    code = train_missing(list(by_run), store, budget=args.budget, **train_options(args))
     print(table(tasks, families, encodings, seeds))
+    if args.dry_run:
+        return code
     if args.table or args.figure:
         figure(tasks, families, encodings, seeds, Path(args.figure) if args.figure else FIGURE)
     if args.table:
         write_table(BEGIN, END, table(list(TASKS), list(FAMILIES), ENCODINGS, SEEDS))
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -1,25 +1,36 @@
-"""What the experiment sweeps share: train one config in a subprocess, store its result as a
-small JSON file keyed by a hash of the full config, rerun only what is missing or stale, and
-rewrite a table of ``docs/studies.md`` between markers.
+"""What the experiment studies share on top of ``python -m tfmjax.sweep``'s library: each
+study lists its runs (a config and overrides), trains the missing ones with the sweep's
+process pool (:func:`tfmjax.sweep.processes.run_pool`: ``--jobs`` runs at once, each pinned
+to one core, Ctrl-C forwarded so that every run in flight saves), stores each result as a
+small JSON file keyed by a hash of the full config, and rewrites a table of
+``docs/studies.md`` between markers.
+
+A run is ``train.py CONFIG OVERRIDES`` in its own workdir ``runs/<study>/<name>-<hash>``
+(the config hash in the name: a workdir never holds another config's run), as a sweep's run
+is: its console goes to ``train.log`` there, an interrupted run resumes from its checkpoint
+when the study is rerun, and a run whose last step is saved is not trained again (its result
+is read from the workdir).
 
 A result records the last eval's metrics, the eval curve, the wall time (Python start-up,
-compilation, training, evals and checkpoints: ``train.py`` from start to exit) and the load
-average around the run, since the 2-core machine may be shared, and how many cores the run
-was allowed (``taskset -c 0 python experiments/...`` pins a sweep to one core, leaving the
-other free; these small models train about as fast on one core as on two).
+compilation, training, evals and checkpoints: ``train.py`` from start to exit, every process
+that trained the run added up) and the load average around the run, since the 2-core machine
+may be shared, and how many cores the run had (1: pinned, the default; ``--no-pin``: all the
+study may use; these small models train about as fast on one core as on two). A run that
+stops on a non-finite loss is a result (``diverged_at``), not an error.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
 import re
-import shutil
-import subprocess
+import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,9 +38,14 @@ sys.path.insert(0, str(ROOT))
 
 from tfmjax.config import load  # noqa: E402
 from tfmjax.models.summary import count_params  # noqa: E402
+from tfmjax.reporting.metrics_log import METRICS_FILE, read_records  # noqa: E402
+from tfmjax.sweep.grid import RunSpec  # noqa: E402
+from tfmjax.sweep.processes import LOG_FILE, Job, default_cores, run_pool  # noqa: E402
+from tfmjax.sweep.results import DIVERGED, add_wall_time, is_finished, read_run_file  # noqa: E402
 
 STUDIES = ROOT / "docs" / "studies.md"
 METRICS = ("exact_match", "token_accuracy", "loss", "bits_per_char")
+NON_FINITE = re.compile(r"non-finite loss or gradient at step (\d+)")
 
 
 def config_hash(config_path: str | Path, overrides: list[str]) -> str:
@@ -47,40 +63,132 @@ def is_current(path: Path, config_path: str | Path, overrides: list[str]) -> boo
     return json.loads(path.read_text()).get("config_hash") == config_hash(config_path, overrides)
 
 
-def train(config_path: str | Path, overrides: list[str], workdir: Path) -> dict:
-    """``train.py CONFIG OVERRIDES`` in a fresh ``workdir``; the result record.
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of a study: ``train.py CONFIG OVERRIDES``, named ``name`` in ``runs/<study>/``
+    and announced as ``training <label> ...``."""
 
-    A run that stops on a non-finite loss is a result (``diverged_at``), not an error.
-    """
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    cmd = [sys.executable, str(ROOT / "train.py"), str(ROOT / config_path), *overrides]
-    cmd.append(f"train.workdir={workdir}")
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    diverged = re.search(r"non-finite loss or gradient at step (\d+)", proc.stderr)
-    if proc.returncode != 0 and not diverged:
-        raise RuntimeError(f"{config_path} {overrides} failed:\n{proc.stderr[-2000:]}")
-    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in records if r.get("split") == "eval"]
+    study: str
+    name: str
+    label: str
+    config: str  # relative to the repository root
+    overrides: tuple[str, ...]
+
+    @property
+    def workdir(self) -> Path:
+        return (
+            ROOT / "runs" / self.study / f"{self.name}-{config_hash(self.config, self.overrides)}"
+        )
+
+    def spec(self) -> RunSpec:
+        """The run as the sweep's library sees it (its finished-run test reads ``train.steps``)."""
+        workdir = self.workdir
+        args = (*self.overrides, f"train.workdir={workdir}")
+        experiment = load(ROOT / self.config, list(args))
+        return RunSpec((), self.name, experiment.train.seed, workdir, args, experiment)
+
+
+def result(run: Run, wall: dict | None = None, cores: int | None = None) -> dict:
+    """The result record of ``run`` from its workdir (``metrics.jsonl``, ``train.log``, the
+    sweep's ``sweep_run.json``); ``wall``: the load averages seen around its last process."""
+    workdir = run.workdir
+    log = workdir / LOG_FILE
+    diverged = NON_FINITE.findall(log.read_text(errors="replace")) if log.is_file() else []
+    evals = [r for r in read_records(workdir / METRICS_FILE) if r.get("split") == "eval"]
     last = evals[-1] if evals else {"step": 0}
+    overrides = list(run.overrides)
     return {
-        "config": str(config_path),
+        "config": run.config,
         "overrides": overrides,
-        "config_hash": config_hash(config_path, overrides),
-        "params": count_params(load(ROOT / config_path, overrides).model),
-        "diverged_at": int(diverged.group(1)) if diverged else None,
+        "config_hash": config_hash(run.config, overrides),
+        "params": count_params(load(ROOT / run.config, overrides).model),
+        "diverged_at": int(diverged[-1]) if diverged and not is_finished(run.spec()) else None,
         "step": last["step"],
         **{k: last[k] for k in METRICS if k in last},
         "curve": [{k: r[k] for k in ("step", *METRICS) if k in r} for r in evals],
-        "wall_sec": round(wall, 1),
-        "load_before": round(load_before, 2),
-        "load_after": round(os.getloadavg()[0], 2),
-        "cores": len(os.sched_getaffinity(0)),
+        "wall_sec": round(read_run_file(workdir)["wall_sec"], 1),
+        "load_before": (wall or {}).get("load_before"),
+        "load_after": (wall or {}).get("load_after"),
+        "cores": cores,
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    text = path.read_text(errors="replace").splitlines() if path.is_file() else ["no output"]
+    return "\n".join(text[-lines:])
+
+
+def train_missing(
+    runs: list[Run],
+    on_result: Callable[[Run, dict], None],
+    *,
+    jobs: int | None = None,
+    pin: bool = True,
+    budget: float | None = None,
+    dry_run: bool = False,
+) -> int:
+    """Train ``runs`` (those of a study with no current result) through the sweep's pool and
+    hand each finished or diverged one's :func:`result` to ``on_result`` as it ends; a run
+    already finished in its workdir is not trained again. ``budget``: seconds after which no
+    run starts. The exit code: 0, 1 (a run failed; its ``train.log`` is shown) or 128 +
+    the signal that stopped the pool (the runs in flight saved)."""
+    if dry_run:
+        print(f"{len(runs)} run(s) to train" + "".join(f"\n  {r.label}" for r in runs))
+        return 0
+    todo = []
+    for run in runs:
+        if is_finished(run.spec()):
+            on_result(run, result(run))
+        else:
+            todo.append(run)
+    cores = default_cores()
+    slots = max(1, min(jobs or len(cores), len(todo)))
+    by_name = {run.spec().name: run for run in todo}
+    loads: dict[str, dict] = {}
+    failed: list[str] = []
+
+    def on_start(job: Job) -> None:
+        loads[job.name] = {"load_before": round(os.getloadavg()[0], 2)}
+        print(f"training {by_name[job.name].label} ...", flush=True)
+
+    def on_end(job: Job) -> None:
+        run = by_name[job.name]
+        add_wall_time(job.workdir, job.wall_sec, job.returncode)
+        loads[job.name]["load_after"] = round(os.getloadavg()[0], 2)
+        log = (job.workdir / LOG_FILE).read_text(errors="replace")
+        if is_finished(run.spec()) or (job.returncode == DIVERGED and NON_FINITE.search(log)):
+            on_result(run, result(run, loads[job.name], 1 if job.core is not None else len(cores)))
+        elif job.returncode not in (0, 130, 143):  # 0, 130, 143: a signal stopped it
+            failed.append(run.label)
+            print(f"{run.label} failed: exit {job.returncode}:\n{_tail(job.workdir / LOG_FILE)}")
+
+    start = time.monotonic()
+
+    def within() -> bool:
+        return budget is None or time.monotonic() - start <= budget
+
+    pool = []
+    for name, run in by_name.items():
+        spec = run.spec()
+        pool.append(Job(name, [str(ROOT / run.config), *spec.overrides], spec.workdir))
+    stopped = run_pool(
+        pool,
+        slots=slots,
+        cores=cores if pin else None,
+        on_start=on_start,
+        on_end=on_end,
+        keep_starting=within,
+    )
+    if stopped:
+        print(f"{signal.Signals(stopped).name}: the runs in flight saved; rerun to finish them")
+        return 128 + stopped
+    if any(job.returncode is None for job in pool):
+        print("time budget spent: the rest stays pending", flush=True)
+    if failed:
+        print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def save(path: Path, record: dict) -> None:
@@ -98,15 +206,30 @@ def write_table(begin: str, end: str, text: str, page: Path = STUDIES) -> None:
 
 
 def parser(doc: str, names) -> argparse.ArgumentParser:
-    """The options every sweep takes: ``--only NAME`` (repeatable), ``--table``, and for
-    tests ``--extra`` (an override for every run) and ``--results`` (where results go)."""
+    """The options every study takes: ``--only NAME`` (repeatable), ``--table``, ``--jobs``,
+    ``--no-pin``, ``--dry-run``, and for tests ``--extra`` (an override for every run) and
+    ``--results`` (where results go)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--only", choices=list(names), action="append", help="one of (repeatable)")
     p.add_argument(
         "--table", action="store_true", help="rewrite the study's table in docs/studies.md"
     )
+    p.add_argument("--jobs", type=_positive, help="runs at once (default: one per core)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin each run to a core")
+    p.add_argument("--dry-run", action="store_true", help="list the runs to train, train none")
     p.add_argument(
         "--extra", action="append", default=[], help="override for every run (tests only)"
     )
     p.add_argument("--results", help="results directory (tests only)")
     return p
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs >= 1")
+    return int(text)
+
+
+def train_options(args) -> dict:
+    """:func:`train_missing`'s keywords from the parsed options."""
+    return {"jobs": args.jobs, "pin": not args.no_pin, "dry_run": args.dry_run}

@@ -4,27 +4,28 @@
     python experiments/tasks.py --table         # ... and rewrite its table in docs/studies.md
     python experiments/tasks.py --only copy --only copy_decoder --seeds 0
     python experiments/tasks.py --budget 1800    # stop starting runs after 30 minutes
+    python experiments/tasks.py --jobs 1         # one run at a time (default: one per core)
+    python experiments/tasks.py --dry-run        # list what would train, train nothing
 
-Each run is ``train.py configs/NAME.toml train.seed=S`` in a subprocess (see
-``experiments/sweep.py``); its result is ``experiments/results/tasks/NAME-seedS.json``,
-keyed by a hash of the full config, so a rerun trains only what is missing or whose config
-changed, and the sweep can be spread over sittings. Configs run in the order listed (the
-quickest first). The seed changes the initialisation and the training batches; the eval
-set is the same for every run.
+Each run is ``train.py configs/NAME.toml train.seed=S``, trained by the process pool of
+``python -m tfmjax.sweep`` in ``runs/tasks/NAME-seedS-<hash>`` (see ``experiments/sweep.py``);
+its result is ``experiments/results/tasks/NAME-seedS.json``, keyed by a hash of the full
+config, so a rerun trains only what is missing or whose config changed, and the sweep can be
+spread over sittings. Configs start in the order listed (the quickest first). The seed
+changes the initialisation and the training batches; the eval set is the same for every run.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, is_current, save, train, write_table  # noqa: E402
+from sweep import ROOT, Run, is_current, save, train_missing, train_options, write_table  # noqa: E402
 from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "tasks"
@@ -107,20 +108,28 @@ def main(argv=None) -> int:
         RESULTS = Path(args.results)
     configs = args.only or CONFIGS
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else SEEDS
-    start = time.monotonic()
-    for config, seed in pending(configs, seeds, args.extra):
-        if args.budget is not None and time.monotonic() - start > args.budget:
-            print("time budget spent: the rest stays pending", flush=True)
-            break
-        print(f"training {config} seed {seed} ...", flush=True)
-        workdir = ROOT / "runs" / "tasks" / f"{config}-seed{seed}"
-        record = train(f"configs/{config}.toml", overrides(seed, args.extra), workdir)
+    runs = {
+        Run(
+            "tasks",
+            f"{config}-seed{seed}",
+            f"{config} seed {seed}",
+            f"configs/{config}.toml",
+            tuple(overrides(seed, args.extra)),
+        ): (config, seed)
+        for config, seed in pending(configs, seeds, args.extra)
+    }
+
+    def store(run: Run, record: dict) -> None:
+        config, seed = runs[run]
         save(result_path(config, seed), {"name": config, "seed": seed, **record})
-        print(f"  exact-match {record.get('exact_match', 0):.3f}, {record['wall_sec']:.0f} s")
+        em = record.get("exact_match", 0)
+        print(f"  {run.label}: exact-match {em:.3f}, {record['wall_sec']:.0f} s", flush=True)
+
+    code = train_missing(list(runs), store, budget=args.budget, **train_options(args))
     print(table(configs, seeds))
-    if args.table:
+    if args.table and not args.dry_run:
         write_table(BEGIN, END, table(CONFIGS, SEEDS))
-    return 0
+    return code
 
 
 if __name__ == "__main__":
