@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, Run, is_current, save, train_missing  # noqa: E402
+from sweep import ROOT, Run, is_current, runs_dir, save, train_missing  # noqa: E402
 
 ATTEMPTS = ROOT / "experiments" / "results" / "attempts"
 
@@ -26,13 +26,14 @@ def main(argv=None) -> int:
     p.add_argument("name", help="the record's name (its file name, without .json)")
     p.add_argument("config", help="a TOML config, relative to the repository root")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
-    p.add_argument("--results", help="where records go (tests only)")
+    p.add_argument("--results", help="where records go, runs under RESULTS/runs (tests only)")
     args = p.parse_args(argv)
     path = Path(args.results or ATTEMPTS) / f"{args.name}.json"
     if is_current(path, args.config, args.overrides):
         print(f"{path.name} is current: nothing to train")
         return 0
-    run = Run("attempts", args.name, args.name, args.config, tuple(args.overrides))
+    root = runs_dir(args.results)
+    run = Run("attempts", args.name, args.name, args.config, tuple(args.overrides), root)
 
     def store(run: Run, record: dict) -> None:
         save(path, {"name": args.name, **record})

@@ -24,7 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, Run, is_current, save, train_missing, train_options, write_table  # noqa: E402
+from sweep import (  # noqa: E402
+    ROOT,
+    Run,
+    is_current,
+    runs_dir,
+    save,
+    train_missing,
+    train_options,
+    write_table,
+)
 from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "attention"
@@ -69,10 +78,11 @@ def result_path(task: str, variant: str) -> Path:
     return RESULTS / f"{task}-{variant}.json"
 
 
-def run_of(task: str, variant: str, extra: list[str]) -> Run:
-    """The run of one (task, variant)."""
+def run_of(task: str, variant: str, extra: list[str], root: Path) -> Run:
+    """The run of one (task, variant), its workdir under ``root``."""
     overrides = (*VARIANTS[variant][task], *extra)
-    return Run("attention", f"{task}-{variant}", f"{task} with {variant}", TASKS[task], overrides)
+    label = f"{task} with {variant}"
+    return Run("attention", f"{task}-{variant}", label, TASKS[task], overrides, root)
 
 
 def pending(tasks, variants, extra: list[str]) -> list[tuple[str, str]]:
@@ -129,7 +139,8 @@ def main(argv=None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant {unknown[0]!r}; variants: {', '.join(VARIANTS)}")
-    runs = {run_of(*pair, args.extra): pair for pair in pending(tasks, variants, args.extra)}
+    root = runs_dir(args.results)
+    runs = {run_of(*pair, args.extra, root): pair for pair in pending(tasks, variants, args.extra)}
 
     def store(run: Run, record: dict) -> None:
         task, variant = runs[run]

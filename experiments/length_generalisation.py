@@ -37,6 +37,7 @@ from sweep import (  # noqa: E402
     ROOT,
     Run,
     config_hash,
+    runs_dir,
     save,
     train_missing,
     train_options,
@@ -196,14 +197,15 @@ def score(workdir: Path, task: str) -> list[dict]:
     return out
 
 
-def run_of(task, family, encoding, seed, extra) -> Run:
-    """The training run of one (task, family, encoding, seed)."""
+def run_of(task, family, encoding, seed, extra, root: Path) -> Run:
+    """The training run of one (task, family, encoding, seed), its workdir under ``root``."""
     return Run(
         "length",
         f"{task}-{family}-{encoding}-seed{seed}",
         f"{task} {family} {encoding} {seed}",
         config_of(task, family),
         tuple(overrides(task, family, encoding, seed, extra)),
+        root,
     )
 
 
@@ -304,7 +306,8 @@ def main(argv=None) -> int:
         if bad:
             parser.error(f"unknown {name} {bad[0]!r}; choose from {', '.join(known)}")
     missing = [r for r in runs(tasks, families, encodings, seeds) if not is_current(r, args.extra)]
-    by_run = {run_of(*key, args.extra): key for key in missing}
+    root = runs_dir(args.results)
+    by_run = {run_of(*key, args.extra, root): key for key in missing}
 
     def store(run: Run, record: dict) -> None:
         key = by_run[run]

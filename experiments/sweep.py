@@ -44,6 +44,7 @@ from tfmjax.sweep.processes import LOG_FILE, Job, default_cores, run_pool  # noq
 from tfmjax.sweep.results import DIVERGED, add_wall_time, is_finished, read_run_file  # noqa: E402
 
 STUDIES = ROOT / "docs" / "studies.md"
+RUNS = ROOT / "runs"
 METRICS = ("exact_match", "token_accuracy", "loss", "bits_per_char")
 NON_FINITE = re.compile(r"non-finite loss or gradient at step (\d+)")
 
@@ -73,12 +74,12 @@ class Run:
     label: str
     config: str  # relative to the repository root
     overrides: tuple[str, ...]
+    root: Path = RUNS  # see runs_dir
 
     @property
     def workdir(self) -> Path:
-        return (
-            ROOT / "runs" / self.study / f"{self.name}-{config_hash(self.config, self.overrides)}"
-        )
+        digest = config_hash(self.config, list(self.overrides))
+        return self.root / self.study / f"{self.name}-{digest}"
 
     def spec(self) -> RunSpec:
         """The run as the sweep's library sees it (its finished-run test reads ``train.steps``)."""
@@ -86,6 +87,12 @@ class Run:
         args = (*self.overrides, f"train.workdir={workdir}")
         experiment = load(ROOT / self.config, list(args))
         return RunSpec((), self.name, experiment.train.seed, workdir, args, experiment)
+
+
+def runs_dir(results: str | None) -> Path:
+    """Where runs train: ``runs/``, or ``RESULTS/runs`` when ``--results`` is given (tests:
+    a test's runs never meet a finished workdir left by another session)."""
+    return Path(results) / "runs" if results else RUNS
 
 
 def result(run: Run, wall: dict | None = None, cores: int | None = None) -> dict:
@@ -220,7 +227,7 @@ def parser(doc: str, names) -> argparse.ArgumentParser:
     p.add_argument(
         "--extra", action="append", default=[], help="override for every run (tests only)"
     )
-    p.add_argument("--results", help="results directory (tests only)")
+    p.add_argument("--results", help="results directory, runs under RESULTS/runs (tests only)")
     return p
 
 

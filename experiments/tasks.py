@@ -25,7 +25,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, Run, is_current, save, train_missing, train_options, write_table  # noqa: E402
+from sweep import (  # noqa: E402
+    ROOT,
+    Run,
+    is_current,
+    runs_dir,
+    save,
+    train_missing,
+    train_options,
+    write_table,
+)
 from sweep import parser as sweep_parser  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "tasks"
@@ -115,6 +124,7 @@ def main(argv=None) -> int:
             f"{config} seed {seed}",
             f"configs/{config}.toml",
             tuple(overrides(seed, args.extra)),
+            runs_dir(args.results),
         ): (config, seed)
         for config, seed in pending(configs, seeds, args.extra)
     }

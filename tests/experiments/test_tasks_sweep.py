@@ -24,6 +24,15 @@ def test_sweep_stores_each_seed_and_reruns_only_what_is_missing(run_script, tmp_
     assert record["seed"] == 0 and record["step"] == 2 and "train.seed=0" in record["overrides"]
     assert 0.0 <= record["exact_match"] <= 1.0 and record["wall_sec"] > 0
     assert "| `copy_decoder` | 1 | 2 |" in first.stdout
+    # The run trained in the sweep's way, in its own workdir under RESULTS/runs; a run whose
+    # last step is saved there is not trained again: its lost result is read back from it.
+    workdirs = list((tmp_path / "runs" / "tasks").glob("copy_decoder-seed0-*"))
+    assert len(workdirs) == 1 and (workdirs[0] / "train.log").is_file()
+    (tmp_path / "copy_decoder-seed0.json").unlink()
+    reread = sweep(run_script, tmp_path, "--seeds", "0")
+    assert reread.returncode == 0 and "training" not in reread.stdout, reread.stderr[-2000:]
+    reread_record = json.loads((tmp_path / "copy_decoder-seed0.json").read_text())
+    assert reread_record["curve"] == record["curve"]
     # Seed 1's result is written by hand with its config's hash: it is kept, not retrained,
     # and the table shows the mean and range of the two.
     overrides = ["train.seed=1", *record["overrides"][1:]]
