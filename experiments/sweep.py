@@ -30,6 +30,7 @@ import re
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -165,7 +166,12 @@ def train_missing(
         loads[job.name]["load_after"] = round(os.getloadavg()[0], 2)
         log = (job.workdir / LOG_FILE).read_text(errors="replace")
         if is_finished(run.spec()) or (job.returncode == DIVERGED and NON_FINITE.search(log)):
-            on_result(run, result(run, loads[job.name], 1 if job.core is not None else len(cores)))
+            record = result(run, loads[job.name], 1 if job.core is not None else len(cores))
+            try:  # the pool goes on: runs in flight are not left without their parent
+                on_result(run, record)
+            except Exception:
+                failed.append(run.label)
+                print(f"{run.label}: storing its result failed:\n{traceback.format_exc()}")
         elif job.returncode not in (0, 130, 143):  # 0, 130, 143: a signal stopped it
             failed.append(run.label)
             print(f"{run.label} failed: exit {job.returncode}:\n{_tail(job.workdir / LOG_FILE)}")
