@@ -25,7 +25,8 @@ def tiny_overrides():
 @pytest.fixture(scope="session")
 def run_script():
     """``run_script(name, results_dir, *args)``: ``experiments/NAME.py`` with the tiny
-    overrides for every run and results under ``results_dir``; the CompletedProcess."""
+    overrides for every run and results under ``results_dir`` (the runs' workdirs too, in
+    ``results_dir/runs``); the CompletedProcess."""
 
     def run(name, results, *args):
         cmd = [sys.executable, str(ROOT / "experiments" / f"{name}.py"), "--results", str(results)]
