@@ -49,7 +49,7 @@ def closed_form(c):
     gated = c.activation in ("swiglu", "geglu")
     attn, mlp, ln = mha(D, N, K, H, c.use_bias), ffn(D, F, gated, c.use_bias), norm(D, c.norm)
     softmax = attn  # cross-attention, and the encoder's self-attention with a causal mixer
-    if c.attention == "mla":  # (self-attention; linear attention has MHA's projections)
+    if c.attention == "mla":  # (self-attention; linear, nystrom have MHA's projections)
         attn = mla(D, N, H, c.latent_kv_rank, c.q_rank, c.mla_rope_dim, c.use_bias)
     if c.attention == "retention":
         attn = retention(D, N, H, c.use_bias)
