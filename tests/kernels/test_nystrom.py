@@ -14,11 +14,12 @@ from tfmjax.kernels.nystrom import nystrom_attention as eager_nystrom
 nystrom_attention = jax.jit(eager_nystrom, static_argnames=("num_landmarks", "pinv_iterations"))
 
 
-def twin(xp, q, k, v, mask, M, iterations=6):
+def twin(xp, q, k, v, mask, M, iterations=6, conv=None):
     """The formulas one (row, head) at a time, on the row's real tokens only (padding
     dropped, not masked): landmarks are the means of the segments ``floor(r·M/L)``, empty
-    ones left out; ``F A⁺ (B V)`` with the Razavi iteration written out. ``xp`` is numpy or
-    jax.numpy. Returns ``{(b, n): [L_b,H]}``."""
+    ones left out; ``F A⁺ (B V)`` with the Razavi iteration written out; ``conv [W,N]``: plus
+    ``Σ_w conv[w,n] V[r+w-W//2]`` over the real tokens. ``xp`` is numpy or jax.numpy.
+    Returns ``{(b, n): [L_b,H]}``."""
     B, T, N, H = q.shape
     G = N // k.shape[2]
 
@@ -45,6 +46,13 @@ def twin(xp, q, k, v, mask, M, iterations=6):
                 az = a @ z
                 z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
             out[b, n] = f @ (z @ (bm @ vb))
+            if conv is not None:
+                W = conv.shape[0]
+                rows = []
+                for r in range(L):
+                    near = [(w, r + w - W // 2) for w in range(W) if 0 <= r + w - W // 2 < L]
+                    rows.append(sum(conv[w, n] * vb[j] for w, j in near))
+                out[b, n] = out[b, n] + xp.stack(rows)
     return out
 
 
@@ -65,30 +73,38 @@ def gather(out, mask):
     }
 
 
-@pytest.mark.parametrize("M", [3, 4, 8])  # T = 11 and 7 real tokens: uneven and empty segments
-def test_values_match_the_numpy_transcription(M):
+CONV = np.random.default_rng(3).normal(size=(3, 4)).astype(np.float32)  # W = 3, N = 4
+
+
+@pytest.mark.parametrize(
+    "M, conv", [(3, None), (4, None), (8, None), (4, CONV)]
+)  # T = 11 and 7 real tokens: uneven and empty segments; the skip convolution
+def test_values_match_the_numpy_transcription(M, conv):
     q, k, v, mask = inputs()
-    got = gather(nystrom_attention(q, k, v, num_landmarks=M, mask=mask), mask)
+    out = nystrom_attention(q, k, v, num_landmarks=M, mask=mask, conv_kernel=conv)
+    got = gather(out, mask)
     f64 = [a.astype(np.float64) for a in (q, k, v)]
-    want = twin(np, *f64, mask, M)
+    want = twin(np, *f64, mask, M, conv=None if conv is None else conv.astype(np.float64))
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-4)
 
 
 def test_gradients_match_the_jnp_twin():
+    """With respect to q, k, v and the skip convolution's kernel."""
     q, k, v, mask = inputs(N=2, K=1, T=9, lengths=(9, 6))
     w = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
+    conv = CONV[:, :2]
 
-    def kernel_loss(q, k, v):
-        out = nystrom_attention(q, k, v, num_landmarks=4, mask=mask)
+    def kernel_loss(q, k, v, conv):
+        out = nystrom_attention(q, k, v, num_landmarks=4, mask=mask, conv_kernel=conv)
         return jnp.sum(out * w * mask[:, :, None, None])
 
-    def twin_loss(q, k, v):
-        out = twin(jnp, q, k, v, mask, 4)
+    def twin_loss(q, k, v, conv):
+        out = twin(jnp, q, k, v, mask, 4, conv=conv)
         return sum(jnp.sum(o * w[b, np.asarray(mask[b])][:, n]) for (b, n), o in out.items())
 
-    got = jax.jit(jax.grad(kernel_loss, argnums=(0, 1, 2)))(q, k, v)
-    want = jax.jit(jax.grad(twin_loss, argnums=(0, 1, 2)))(q, k, v)
+    got = jax.jit(jax.grad(kernel_loss, argnums=(0, 1, 2, 3)))(q, k, v, conv)
+    want = jax.jit(jax.grad(twin_loss, argnums=(0, 1, 2, 3)))(q, k, v, conv)
     for g, t in zip(got, want, strict=True):
         np.testing.assert_allclose(g, t, rtol=1e-3, atol=1e-4)
 

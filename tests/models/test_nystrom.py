@@ -31,6 +31,7 @@ REFUSED = [
     ({"attention_impl": "xla"}, "model.attention_impl='xla' is invalid: picks a softmax"),
     ({"num_landmarks": 0}, "model.num_landmarks=0 is invalid: must be > 0"),
     ({"num_kv_heads": 3}, "model.num_heads=4 is invalid: must be divisible"),
+    ({"nystrom_conv": 4}, "model.nystrom_conv=4 is invalid: must be 0 .none. or an odd width"),
 ]
 
 
@@ -46,6 +47,8 @@ def test_num_landmarks_applies_to_nystrom_only():
     C.ModelConfig(family="encoder_decoder", attention="nystrom", attention_impl="xla")
     with pytest.raises(C.ConfigError, match="model.num_landmarks=4 is invalid: applies to"):
         C.ModelConfig(family="encoder_only", num_landmarks=4)
+    with pytest.raises(C.ConfigError, match="model.nystrom_conv=3 is invalid: applies to"):
+        C.ModelConfig(family="encoder_only", nystrom_conv=3)
 
 
 def test_encoder_decoder_keeps_softmax_in_the_decoder():
@@ -69,14 +72,17 @@ def test_encoder_decoder_keeps_softmax_in_the_decoder():
     assert not np.allclose(nystrom, softmax, atol=1e-4)
 
 
-def test_padding_never_changes_real_outputs():
+@pytest.mark.parametrize("conv", [0, 5])
+def test_padding_never_changes_real_outputs(conv):
     """An encoder_only model: a row padded with any ids gives its real tokens the logits of
-    the unpadded row (padding enters neither landmarks nor keys)."""
-    cfg = preset("tiny-nystrom", num_landmarks=3, **TINY)
+    the unpadded row (padding enters neither landmarks nor keys, nor the skip convolution)."""
+    cfg = preset("tiny-nystrom", num_landmarks=3, nystrom_conv=conv, **TINY)
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(5, 32, (2, 7)), jnp.int32)
     model = build(cfg)
     params = jax.jit(model.init)(jax.random.key(0), {"tokens": tokens})
+    attention = params["params"]["encoder"]["layers"]["attention"]
+    assert ("conv_kernel" in attention) == bool(conv)
     apply = jax.jit(model.apply)
     plain = apply(params, {"tokens": tokens})
     for filler in (0, 9):

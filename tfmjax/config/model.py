@@ -150,6 +150,11 @@ class ModelConfig:
     num_landmarks: int = option(
         8, help="nystrom: landmarks M, segment means of queries and keys (M = length: exact)"
     )
+    nystrom_conv: int = option(
+        0,
+        help="nystrom: width W (odd; the paper: 33) of a depthwise convolution over V added "
+        "to the output; 0 = none",
+    )
     moe_experts: int = option(
         0, help="mixture of experts: experts E per MoE feed-forward; 0 = dense feed-forwards"
     )

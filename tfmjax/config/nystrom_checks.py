@@ -19,7 +19,7 @@ DEFAULT_LANDMARKS = 8
 
 def check_nystrom(cfg: Any) -> None:
     """The fields of a :class:`~tfmjax.config.model.ModelConfig` that Nyström attention
-    cannot take, and ``num_landmarks`` outside it."""
+    cannot take, and ``num_landmarks``, ``nystrom_conv`` outside it."""
     if cfg.attention not in BIDIRECTIONAL_ONLY_ATTENTIONS:
         require(
             cfg.num_landmarks == DEFAULT_LANDMARKS,
@@ -27,7 +27,19 @@ def check_nystrom(cfg: Any) -> None:
             cfg.num_landmarks,
             "applies to model.attention='nystrom' only",
         )
+        require(
+            cfg.nystrom_conv == 0,
+            "model.nystrom_conv",
+            cfg.nystrom_conv,
+            "applies to model.attention='nystrom' only",
+        )
         return
+    require(
+        cfg.nystrom_conv == 0 or (cfg.nystrom_conv > 0 and cfg.nystrom_conv % 2 == 1),
+        "model.nystrom_conv",
+        cfg.nystrom_conv,
+        "must be 0 (none) or an odd width (the convolution is centred on each token)",
+    )
     name = cfg.attention
     require(
         cfg.family != "decoder_only",

@@ -30,6 +30,9 @@ segment with no token (``L_b < M``) is an empty landmark: it is masked out of ``
 result is exact softmax attention (up to the convergence of ``A⁺``). Packed rows (segment
 ids > 1) are not separated: train on padded batches.
 
+Optionally (``conv_kernel``), the paper's skip path: a depthwise convolution over ``V`` along
+the sequence (its ``nn.Conv2d`` with ``groups = heads``, kernel 33), added to the output.
+
 Shapes: ``q [B,T,N,H]``, ``k, v [B,T,K,H]`` with ``K`` dividing ``N`` (GQA/MQA: each key
 head serves ``G = N/K`` query heads), ``mask [B,T]``; landmarks ``M`` (and ``U``, the second
 landmark axis of ``A``). Computed in float32, returned in ``q``'s dtype.
@@ -71,6 +74,18 @@ def iterative_pinv(a, iterations: int = PINV_ITERATIONS):
     return z
 
 
+def depthwise_conv(v, kernel, mask=None):
+    """The paper's skip path: a depthwise convolution over the sequence, ``out[t,n] =
+    Σ_w kernel[w,n] · v[t+w-W//2, n]`` (zeros past the ends and at padding), one kernel per
+    head shared by its ``H`` features. ``v [B,T,N,H]``, ``kernel [W,N]`` (``W`` odd),
+    ``mask [B,T]``; float32 in, float32 out."""
+    W, T = kernel.shape[0], v.shape[1]
+    if mask is not None:
+        v = jnp.where(mask[:, :, None, None], v, 0.0)
+    padded = jnp.pad(v, ((0, 0), (W // 2, W // 2), (0, 0), (0, 0)))
+    return sum(padded[:, w : w + T] * kernel[w][None, None, :, None] for w in range(W))
+
+
 def _masked_softmax(logits, keep):
     """Softmax over the last axis with ``keep`` false masked out (a row with none is
     uniform, not NaN)."""
@@ -86,9 +101,12 @@ def nystrom_attention(
     mask=None,
     scale: float | None = None,
     pinv_iterations: int = PINV_ITERATIONS,
+    conv_kernel=None,
 ):
     """Nyström attention ``[B,T,N,H]`` (see the module docstring). ``mask [B,T]``: real
-    tokens (None: all); ``scale`` of the logits (None: ``1/√H``)."""
+    tokens (None: all); ``scale`` of the logits (None: ``1/√H``); ``conv_kernel [W,N]``:
+    the paper's depthwise convolution over ``V`` added to the output (None: none; see
+    :func:`depthwise_conv`)."""
     B, T, N, H = q.shape
     K = k.shape[2]
     G = N // K
@@ -109,4 +127,8 @@ def nystrom_attention(
     b = _masked_softmax(b_logits, mask[:, None, None, None, :].astype(bool))
     bv = jnp.einsum("BKGMT,BTKH->BKGMH", b, v)
     out = f @ (iterative_pinv(a, pinv_iterations) @ bv)  # [B,K,G,T,H]
-    return jnp.einsum("BKGTH->BTKGH", out).reshape(B, T, N, H).astype(q.dtype)
+    out = jnp.einsum("BKGTH->BTKGH", out).reshape(B, T, N, H)
+    if conv_kernel is not None:
+        v_heads = jnp.repeat(v, G, axis=2)  # [B,T,N,H]: query head n reads key head n // G
+        out = out + depthwise_conv(v_heads, conv_kernel.astype(jnp.float32), mask)
+    return out.astype(q.dtype)

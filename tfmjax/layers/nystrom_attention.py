@@ -11,7 +11,8 @@ Bidirectional only (``bidirectional_only``): there is no causal form (a landmark
 over a whole segment, future tokens included), so there is no decoding cache. An
 encoder_only model uses it in every block; an encoder_decoder model in its encoder, while
 the decoder keeps softmax self-attention; a decoder_only model refuses it in the config.
-The paper's optional depthwise convolution over ``V`` (a skip path) is not implemented.
+With ``conv_width`` > 0, the paper's skip path adds a depthwise convolution over ``V``
+(``conv_kernel [W,N]``, one kernel per query head) to the attention output.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 
 from tfmjax.kernels.nystrom import nystrom_attention
 from tfmjax.layers.attention import head_projections
+from tfmjax.layers.axes import HEADS, named
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.positions import apply_rope
 
@@ -37,6 +39,7 @@ class NystromAttention(nn.Module):
     num_kv_heads: int
     head_dim: int
     num_landmarks: int = 8
+    conv_width: int = 0  # the paper's depthwise convolution over V (odd; 0: none)
     attention_bias: bool = True
     rope_base: float | None = None
     rope_layout: str = "interleaved"
@@ -55,6 +58,7 @@ class NystromAttention(nn.Module):
             c.num_kv_heads,
             c.head_dim,
             num_landmarks=c.num_landmarks,
+            conv_width=c.nystrom_conv,
             attention_bias=c.attention_bias,
             rope_base=c.rope_base,
             rope_layout=c.rope_layout,
@@ -78,6 +82,11 @@ class NystromAttention(nn.Module):
         self.query, self.key, self.value, self.out = head_projections(
             *sizes, self.attention_bias, self.dtype
         )
+        if self.conv_width:
+            # PyTorch's Conv2d default (the paper's code): uniform in ±1/sqrt(W).
+            init = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
+            shape = (self.conv_width, self.num_heads)
+            self.conv_kernel = self.param("conv_kernel", named(init, None, HEADS), shape)
 
     def __call__(
         self,
@@ -104,6 +113,12 @@ class NystromAttention(nn.Module):
             k = apply_rope(k, q_positions, self.rope_base, self.rope_layout)
         keep = None if kv_segment_ids is None else kv_segment_ids != 0
         out = nystrom_attention(
-            q, k, v, num_landmarks=self.num_landmarks, mask=keep, scale=self.scale
+            q,
+            k,
+            v,
+            num_landmarks=self.num_landmarks,
+            mask=keep,
+            scale=self.scale,
+            conv_kernel=self.conv_kernel if self.conv_width else None,
         )
         return self.out(out), None

@@ -66,6 +66,7 @@ def block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
         ssm_expand=cfg.ssm_expand,
         ssm_conv=cfg.ssm_conv,
         num_landmarks=cfg.num_landmarks,
+        nystrom_conv=cfg.nystrom_conv,
         scale_attention=cfg.scale_attention,
         attention_impl=cfg.attention_impl,
         moe_experts=cfg.moe_experts,
