@@ -46,13 +46,11 @@ def twin(xp, q, k, v, mask, M, iterations=6, conv=None):
                 az = a @ z
                 z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
             out[b, n] = f @ (z @ (bm @ vb))
-            if conv is not None:
+            if conv is not None:  # vp[r + w] = V[r + w - W//2], zeros past the ends
                 W = conv.shape[0]
-                rows = []
-                for r in range(L):
-                    near = [(w, r + w - W // 2) for w in range(W) if 0 <= r + w - W // 2 < L]
-                    rows.append(sum(conv[w, n] * vb[j] for w, j in near))
-                out[b, n] = out[b, n] + xp.stack(rows)
+                zeros = np.zeros((W // 2, H), vb.dtype)
+                vp = xp.concatenate([zeros, vb, zeros])
+                out[b, n] = out[b, n] + sum(conv[w, n] * vp[w : w + L] for w in range(W))
     return out
 
 
@@ -164,3 +162,18 @@ def test_dtype_and_shapes():
     out = nystrom_attention(*(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)), num_landmarks=4)
     assert out.shape == q.shape and out.dtype == jnp.bfloat16
     assert bool(jnp.all(jnp.isfinite(out.astype(jnp.float32))))
+
+
+def test_empty_landmarks_and_empty_rows_stay_finite():
+    """Rows with fewer real tokens than landmarks (3 < 5) or none at all: values and
+    gradients (through the masked softmaxes and the pseudo-inverse's zero block) are finite."""
+    q, k, v, mask = inputs(B=3, T=8, N=2, K=1, H=4, lengths=(8, 3, 0))
+    conv = CONV[:, :2]
+
+    def loss(q, k, v, conv):
+        out = nystrom_attention(q, k, v, num_landmarks=5, mask=mask, conv_kernel=conv)
+        return jnp.sum(out**2)
+
+    assert np.isfinite(float(loss(q, k, v, conv)))
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, conv)
+    assert all(bool(np.all(np.isfinite(g))) for g in grads)
