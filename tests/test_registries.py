@@ -67,11 +67,20 @@ def test_causal_only_attentions_are_the_variants_that_say_so():
     assert CAUSAL_ONLY == C.CAUSAL_ONLY_ATTENTIONS
 
 
+def test_bidirectional_only_attentions_are_the_variants_that_say_so():
+    """The config refuses a decoder_only model with these (tfmjax.config.nystrom_checks)."""
+    from tfmjax.layers.attention_variants import BIDIRECTIONAL_ONLY
+
+    assert BIDIRECTIONAL_ONLY == C.BIDIRECTIONAL_ONLY_ATTENTIONS
+
+
 def test_every_attention_system_builds_a_block():
-    """Each ``model.attention`` value is a self-attention module the blocks build."""
+    """Each ``model.attention`` value is a self-attention module the blocks build (in a
+    decoder_only model, or an encoder_only one for the bidirectional-only variants)."""
     for attention in C.ATTENTIONS:
+        bidirectional = attention in C.BIDIRECTIONAL_ONLY_ATTENTIONS
         cfg = C.ModelConfig(
-            family="decoder_only",
+            family="encoder_only" if bidirectional else "decoder_only",
             vocab_size=16,
             d_model=16,
             num_heads=2,
@@ -80,7 +89,8 @@ def test_every_attention_system_builds_a_block():
             attention=attention,
         )
         params = models.build(cfg).init(jax.random.key(0), {"tokens": jnp.ones((1, 4), int)})
-        names = set(params["params"]["decoder"]["layers"]["attention"])
+        stack = params["params"]["encoder" if bidirectional else "decoder"]["layers"]
+        names = set(stack["attention"])
         expected = {
             "mla": {"kv_down", "kv_norm", "key_up", "value_up", "query", "out"},
             "retention": {"query", "key", "value", "gate", "norm_scale", "norm_bias", "out"},

@@ -51,6 +51,7 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"attention": "linear", "position": "rope", "num_kv_heads": 1}),
     ("tiny-vaswani", {"attention": "retention", "num_layers": 1}),  # decoder self-mixer only
     ("tiny-vaswani", {"attention": "selective_scan", "num_layers": 1}),
+    ("tiny-vaswani", {"attention": "nystrom", "num_landmarks": 3, "num_layers": 1}),  # encoder
     ("tiny-vaswani", {"moe_experts": 4, "moe_top_k": 2, "moe_capacity_factor": 0.0}),
     ("tiny-vaswani", {"position": "fire"}),
     ("tiny-vaswani", {"position": "abacus", "digit_first_id": 5}),

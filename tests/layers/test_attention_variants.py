@@ -9,7 +9,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tfmjax.layers.attention_variants import ATTENTION_NAMES, ATTENTION_VARIANTS
+from tfmjax.layers.attention_variants import (
+    ATTENTION_NAMES,
+    ATTENTION_VARIANTS,
+    BIDIRECTIONAL_ONLY,
+)
 from tfmjax.layers.block_config import BlockConfig
 
 CFG = BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, head_dim=4, d_ff=32, kv_rank=8)
@@ -25,11 +29,12 @@ def test_names_are_the_table_keys():
             "linear",
             "retention",
             "selective_scan",
+            "nystrom",
         )
     )
 
 
-@pytest.mark.parametrize("name", ATTENTION_NAMES)
+@pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if n not in BIDIRECTIONAL_ONLY])
 def test_variant_builds_and_its_cache_bytes_match_its_cache(name):
     cfg = CFG._replace(attention=name)
     variant = ATTENTION_VARIANTS[name]
@@ -45,3 +50,24 @@ def test_variant_builds_and_its_cache_bytes_match_its_cache(name):
     assert y.shape == x.shape and int(cache["index"]) == 3
     arrays = {k: v for k, v in cache.items() if k not in ("segment_ids", "index")}
     assert sum(a.nbytes for a in arrays.values()) == variant.cache_bytes(cfg, 2, 1, 5)
+
+
+@pytest.mark.parametrize("name", BIDIRECTIONAL_ONLY)
+def test_bidirectional_only_variant_builds_and_refuses_decoding(name):
+    """No causal form, so no cache: a decoder keeps softmax (tfmjax.models.common)."""
+    cfg = CFG._replace(attention=name, num_landmarks=2)
+    variant = ATTENTION_VARIANTS[name]
+    module = variant.from_block_config(cfg, "attention")
+    assert isinstance(module, variant) and variant.bidirectional_only
+    x, positions = jnp.ones((2, 3, 16)), jnp.broadcast_to(jnp.arange(3), (2, 3))
+    params = module.init(jax.random.key(0), x, q_positions=positions)
+    y, cache = module.apply(params, x, q_positions=positions)
+    assert y.shape == x.shape and cache is None
+    for refused in (
+        lambda: variant.init_cache(cfg, 2, 5),
+        lambda: variant.cache_bytes(cfg, 2, 1, 5),
+    ):
+        with pytest.raises(ValueError, match="model.attention='nystrom' is bidirectional only"):
+            refused()
+    with pytest.raises(ValueError, match="no causal form"):
+        module.apply(params, x, q_positions=positions, causal=True)

@@ -49,12 +49,14 @@ def closed_form(c):
     gated = c.activation in ("swiglu", "geglu")
     attn, mlp, ln = mha(D, N, K, H, c.use_bias), ffn(D, F, gated, c.use_bias), norm(D, c.norm)
     softmax = attn  # cross-attention, and the encoder's self-attention with a causal mixer
-    if c.attention == "mla":  # (self-attention; linear attention has MHA's projections)
+    if c.attention == "mla":  # (self-attention; linear, nystrom have MHA's projections)
         attn = mla(D, N, H, c.latent_kv_rank, c.q_rank, c.mla_rope_dim, c.use_bias)
     if c.attention == "retention":
         attn = retention(D, N, H, c.use_bias)
     if c.attention == "selective_scan":
         attn = selective_scan(D, c.ssm_state, c.ssm_expand, c.ssm_conv)
+    if c.attention == "nystrom":  # plus the skip convolution's kernel W x N, no bias
+        attn += c.nystrom_conv * N
     encoder_attn = softmax if c.attention in ("retention", "selective_scan") else attn
     total = V * D  # token embedding
     total += c.max_len * D if c.position == "learned" else 0
@@ -73,6 +75,8 @@ def closed_form(c):
         decoder_layer = 2 * attn + mlp + 3 * ln
         if c.attention in ("retention", "selective_scan"):
             decoder_layer = attn + softmax + mlp + 3 * ln
+        if c.attention == "nystrom":  # the decoder keeps softmax self-attention
+            decoder_layer = 2 * softmax + mlp + 3 * ln
         encoder_layer = encoder_attn + mlp + 2 * ln
         total += mixtures(c.decoder_layers) * (moe_mlp - mlp)
         total += c.num_layers * encoder_layer + c.decoder_layers * decoder_layer
@@ -175,4 +179,12 @@ def test_recurrent_mixers_match_closed_form(base, attention):
     """Encoder-decoder: the decoder's self-mixer is the recurrent one, the encoder keeps
     softmax self-attention (and cross-attention stays softmax)."""
     config = preset(base, attention=attention, num_layers=1)
+    assert count_params(config) == closed_form(config) == _tree_count(config)
+
+
+@pytest.mark.parametrize("base", ["tiny-nystrom", "tiny-vaswani"])
+def test_nystrom_skip_convolution_matches_closed_form(base):
+    """The encoder's Nyström attention adds the convolution's W x N kernel (the paper's 33);
+    an encoder-decoder's decoder keeps softmax self-attention, without it."""
+    config = preset(base, attention="nystrom", nystrom_conv=33, num_layers=1)
     assert count_params(config) == closed_form(config) == _tree_count(config)

@@ -20,6 +20,7 @@ from tfmjax.config.choices import (
 from tfmjax.config.fields import option
 from tfmjax.config.mixer_checks import check_recurrent_mixer
 from tfmjax.config.moe_checks import check_moe
+from tfmjax.config.nystrom_checks import check_nystrom
 from tfmjax.config.position_checks import check_position_options
 
 
@@ -127,7 +128,8 @@ class ModelConfig:
     attention: str = option(
         "softmax",
         help="self-attention system: softmax, mla (latent KV), linear (kernelised), retention "
-        "(RetNet) or selective_scan (Mamba); the last two are causal: an encoder keeps softmax",
+        "(RetNet) or selective_scan (Mamba), both causal: an encoder keeps softmax; nystrom "
+        "(Nystromformer landmarks), bidirectional: a decoder keeps softmax",
     )
     kv_rank: int | None = option(
         None, help="mla: latent width R of keys/values (none: 4 head widths)"
@@ -145,6 +147,14 @@ class ModelConfig:
     ssm_state: int = option(16, help="selective_scan: state size P per channel")
     ssm_expand: int = option(2, help="selective_scan: channels E = ssm_expand * d_model")
     ssm_conv: int = option(4, help="selective_scan: width W of the causal convolution")
+    num_landmarks: int = option(
+        8, help="nystrom: landmarks M, segment means of queries and keys (M = length: exact)"
+    )
+    nystrom_conv: int = option(
+        0,
+        help="nystrom: width W (odd; the paper: 33) of a depthwise convolution over V added "
+        "to the output; 0 = none",
+    )
     moe_experts: int = option(
         0, help="mixture of experts: experts E per MoE feed-forward; 0 = dense feed-forwards"
     )
@@ -204,6 +214,7 @@ class ModelConfig:
         self._check_embeddings_and_layers()
         check_moe(self)
         check_recurrent_mixer(self)
+        check_nystrom(self)
         check_position_options(self)
         if self.attention_impl == "cudnn":
             self._check_cudnn()
@@ -244,6 +255,7 @@ class ModelConfig:
             "ssm_state",
             "ssm_expand",
             "ssm_conv",
+            "num_landmarks",
         )
         require(self.global_tokens >= 0, "model.global_tokens", self.global_tokens, "must be >= 0")
 

@@ -116,6 +116,9 @@ PRESETS: dict[str, dict] = {
     "tiny-mamba": dict(
         _LLAMA, **dict(_TINY, d_ff=192), attention="selective_scan", position="none"
     ),
+    # Nystrom attention (Xiong et al. 2021) in BERT-style blocks: 8 landmarks (segment means
+    # of queries and keys) approximate softmax attention in O(T·M).
+    "tiny-nystrom": dict(_BERT, **_TINY, attention="nystrom", num_landmarks=8),
     # Mixtral 8x7B (Jiang et al. 2024): LLaMA-style blocks whose SwiGLU feed-forwards are 8
     # experts, 2 per token, dropless; 46.7B parameters, about 12.9B active per token.
     "mixtral-8x7b": dict(

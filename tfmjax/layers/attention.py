@@ -125,6 +125,7 @@ class MultiHeadAttention(nn.Module):
     # Separate query, key, value and out kernels per head: the QK/OV circuits of interp.
     qk_ov_circuits: ClassVar[bool] = True
     causal_only: ClassVar[bool] = False  # also bidirectional (encoders)
+    bidirectional_only: ClassVar[bool] = False  # also causal (decoders)
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str, *, cross: bool = False):

@@ -9,7 +9,9 @@ Each class builds itself from a block's config and owns its decoding cache:
 * ``qk_ov_circuits``: whether per-head query, key, value and out kernels make the QK/OV
   circuits of :mod:`tfmjax.interp.circuits`;
 * ``causal_only``: no bidirectional form (:data:`CAUSAL_ONLY`): an encoder keeps softmax
-  self-attention and an encoder_only model refuses it.
+  self-attention and an encoder_only model refuses it;
+* ``bidirectional_only``: no causal form (:data:`BIDIRECTIONAL_ONLY`), the reverse: a
+  decoder keeps softmax self-attention and a decoder_only model refuses it.
 
 Adding a variant (a recurrent mixer such as retention or the selective scan included) is one
 module with those members and one entry here; the config validates ``model.attention``
@@ -21,6 +23,7 @@ from __future__ import annotations
 from tfmjax.layers.attention import MultiHeadAttention
 from tfmjax.layers.latent_attention import LatentAttention
 from tfmjax.layers.linear_attention import LinearAttention
+from tfmjax.layers.nystrom_attention import NystromAttention
 from tfmjax.layers.retention import Retention
 from tfmjax.layers.selective_scan import SelectiveScan
 
@@ -30,7 +33,12 @@ ATTENTION_VARIANTS: dict[str, type] = {
     "linear": LinearAttention,  # kernelised, constant-size state
     "retention": Retention,  # RetNet's multi-scale retention: causal, decaying state
     "selective_scan": SelectiveScan,  # a Mamba mixer: causal, convolution + scan state
+    "nystrom": NystromAttention,  # Nyströmformer: landmarks, bidirectional only
 }
 # Variants with no bidirectional form: an encoder keeps softmax self-attention.
 CAUSAL_ONLY: tuple[str, ...] = tuple(n for n, v in ATTENTION_VARIANTS.items() if v.causal_only)
+# Variants with no causal form: a decoder keeps softmax self-attention.
+BIDIRECTIONAL_ONLY: tuple[str, ...] = tuple(
+    n for n, v in ATTENTION_VARIANTS.items() if v.bidirectional_only
+)
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTION_VARIANTS)

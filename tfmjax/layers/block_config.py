@@ -43,6 +43,8 @@ class BlockConfig(NamedTuple):
     ssm_state: int = 16  # selective_scan: state size P per channel
     ssm_expand: int = 2  # selective_scan: channels E = ssm_expand * d_model
     ssm_conv: int = 4  # selective_scan: causal convolution width W
+    num_landmarks: int = 8  # nystrom: landmarks M
+    nystrom_conv: int = 0  # nystrom: width of the depthwise convolution over V; 0: none
     scale_attention: bool = True  # logits times 1/sqrt(head_dim); False: unscaled
     attention_impl: str = "auto"
     moe_experts: int = 0  # experts of the blocks whose feed-forward is a mixture

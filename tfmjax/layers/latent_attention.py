@@ -72,6 +72,7 @@ class LatentAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
     qk_ov_circuits: ClassVar[bool] = False  # keys and values come from a shared latent
     causal_only: ClassVar[bool] = False  # also bidirectional (encoders)
+    bidirectional_only: ClassVar[bool] = False  # also causal (decoders)
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str):

@@ -60,6 +60,7 @@ class LinearAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
     qk_ov_circuits: ClassVar[bool] = False  # a feature map, not a softmax, between q and k
     causal_only: ClassVar[bool] = False  # also bidirectional (encoders)
+    bidirectional_only: ClassVar[bool] = False  # also causal (decoders)
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str):

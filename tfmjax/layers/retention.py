@@ -62,6 +62,7 @@ class Retention(nn.Module):
     dtype: jnp.dtype = jnp.float32
     qk_ov_circuits: ClassVar[bool] = False  # a decay mask, not a softmax, between q and k
     causal_only: ClassVar[bool] = True  # no bidirectional form
+    bidirectional_only: ClassVar[bool] = False
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str):

@@ -62,6 +62,7 @@ class SelectiveScan(nn.Module):
     dtype: jnp.dtype = jnp.float32
     qk_ov_circuits: ClassVar[bool] = False  # no queries or keys
     causal_only: ClassVar[bool] = True  # no bidirectional form
+    bidirectional_only: ClassVar[bool] = False
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str):

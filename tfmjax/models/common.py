@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from tfmjax.config import DTYPES as config_dtypes
 from tfmjax.config import ModelConfig
-from tfmjax.layers.attention_variants import ATTENTION_VARIANTS, CAUSAL_ONLY
+from tfmjax.layers.attention_variants import ATTENTION_VARIANTS, BIDIRECTIONAL_ONLY, CAUSAL_ONLY
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, VOCAB, constrain, dense_inits, named
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.dropout import Dropout
@@ -65,6 +65,8 @@ def block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
         ssm_state=cfg.ssm_state,
         ssm_expand=cfg.ssm_expand,
         ssm_conv=cfg.ssm_conv,
+        num_landmarks=cfg.num_landmarks,
+        nystrom_conv=cfg.nystrom_conv,
         scale_attention=cfg.scale_attention,
         attention_impl=cfg.attention_impl,
         moe_experts=cfg.moe_experts,
@@ -83,16 +85,17 @@ def dropout_rate_of(cfg: ModelConfig, override=None):
 
 
 def init_self_attention_cache(cfg: ModelConfig, batch: int, capacity: int) -> dict:
-    """One layer's empty decoding cache for the variant ``cfg.attention`` (its module's
+    """One layer's empty decoding cache for the decoder's variant (its module's
     ``init_cache``: e.g. keys and values ``[B,K,S,H]`` for softmax)."""
-    return ATTENTION_VARIANTS[cfg.attention].init_cache(block_config(cfg), batch, capacity)
+    c = decoder_block_config(cfg)
+    return ATTENTION_VARIANTS[c.attention].init_cache(c, batch, capacity)
 
 
 def cache_bytes(cfg: ModelConfig, batch: int, num_layers: int, capacity: int) -> int:
     """Bytes of the self-attention decoding cache of ``num_layers`` layers (segment ids and
-    indices aside), by the formula of the variant ``cfg.attention`` (its ``cache_bytes``)."""
-    variant = ATTENTION_VARIANTS[cfg.attention]
-    return variant.cache_bytes(block_config(cfg), batch, num_layers, capacity)
+    indices aside), by the formula of the decoder's variant (its ``cache_bytes``)."""
+    c = decoder_block_config(cfg)
+    return ATTENTION_VARIANTS[c.attention].cache_bytes(c, batch, num_layers, capacity)
 
 
 def encoder_block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
@@ -100,6 +103,14 @@ def encoder_block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
     has no bidirectional form, so an encoder keeps softmax self-attention."""
     c = block_config(cfg, dropout_rate)
     return c._replace(attention="softmax") if c.attention in CAUSAL_ONLY else c
+
+
+def decoder_block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
+    """The block config of a decoder: a bidirectional-only self-attention (nystrom) has no
+    causal form, so a decoder keeps softmax self-attention (the config refuses it in a
+    decoder_only model)."""
+    c = block_config(cfg, dropout_rate)
+    return c._replace(attention="softmax") if c.attention in BIDIRECTIONAL_ONLY else c
 
 
 def make_stack(
@@ -112,10 +123,11 @@ def make_stack(
     encoder: bool = False,
     **kw,
 ):
-    """A :class:`LayerStack` of ``block`` configured from ``cfg`` (``encoder``: by
-    :func:`encoder_block_config`): with ``model.moe_experts``, every ``model.moe_every``-th
-    block's feed-forward is a mixture of experts. ``dropout_rate``: see :func:`dropout_rate_of`."""
-    configure = encoder_block_config if encoder else block_config
+    """A :class:`LayerStack` of ``block`` configured from ``cfg`` (by
+    :func:`encoder_block_config` or :func:`decoder_block_config`): with
+    ``model.moe_experts``, every ``model.moe_every``-th block's feed-forward is a mixture of
+    experts. ``dropout_rate``: see :func:`dropout_rate_of`."""
+    configure = encoder_block_config if encoder else decoder_block_config
     return LayerStack(
         block,
         {"cfg": configure(cfg, dropout_rate), "deterministic": deterministic, **kw},
