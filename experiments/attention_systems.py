@@ -8,9 +8,10 @@
 Each run is ``train.py CONFIG OVERRIDES`` (wall time from start to exit, compilation
 included), trained by the process pool of ``python -m tfmjax.sweep`` on the 2-core CPU,
 ``--jobs`` at once, each pinned to a core (see ``experiments/sweep.py``); its result is a
-small JSON file in ``experiments/results/attention/`` keyed by a hash of the full config, so
-a rerun only trains what is missing or whose config changed, and the sweep can be spread
-over sittings.
+small JSON file in ``experiments/results/attention/`` keyed by a hash of the config (its
+fields not at their defaults: a field added at its default changes no key), so a rerun
+only trains what is missing or whose config changed, and the sweep can be spread over
+sittings.
 MLA's latent width is chosen so that its parameter count matches softmax attention's (the
 table shows both counts); linear attention and the sparse patterns have the same
 projections as softmax attention.

@@ -2,7 +2,7 @@
 study lists its runs (a config and overrides), trains the missing ones with the sweep's
 process pool (:func:`tfmjax.sweep.processes.run_pool`: ``--jobs`` runs at once, each pinned
 to one core, Ctrl-C forwarded so that every run in flight saves), stores each result as a
-small JSON file keyed by a hash of the full config, and rewrites a table of
+small JSON file keyed by a hash of the config (its non-default fields), and rewrites a table of
 ``docs/studies.md`` between markers.
 
 A run is ``train.py CONFIG OVERRIDES`` in its own workdir ``runs/<study>/<name>-<hash>``
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tfmjax.config import load  # noqa: E402
+from tfmjax.config import SECTIONS, Experiment, load  # noqa: E402
 from tfmjax.models.summary import count_params  # noqa: E402
 from tfmjax.reporting.metrics_log import METRICS_FILE, read_records  # noqa: E402
 from tfmjax.sweep.grid import RunSpec  # noqa: E402
@@ -51,10 +51,56 @@ NON_FINITE = re.compile(r"non-finite loss or gradient at step (\d+)")
 
 
 def config_hash(config_path: str | Path, overrides: list[str]) -> str:
-    """A hash of the whole experiment config (the workdir and the mesh left out)."""
-    raw = load(ROOT / config_path, overrides).to_dict()
-    raw["train"]["workdir"] = ""
-    raw.pop("mesh", None)
+    """A hash of the experiment config: of the fields whose value differs from the field's
+    default (the workdir and the mesh left out).
+
+    The defaults are those of each section's dataclass (``ModelConfig()``, ``OptimConfig()``,
+    ... in ``tfmjax.config.SECTIONS``; ``Experiment``'s for the name), compared as stored,
+    never as derived: a field whose default ``None`` means "derived from others"
+    (``num_kv_heads``: ``num_heads``; ``moe_renormalize``: ``top_k > 1``) is at its default
+    only when it is ``None``, so giving the derived value explicitly changes the hash (a
+    rerun, never a wrong match). A ``model.preset`` counts through the values it sets, each
+    against ``ModelConfig()``'s, not against the preset's (its name is not in the config).
+
+    What is hashed is the JSON, keys sorted, of ``{section: {field: value}}`` of the
+    non-default values alone (``data.task_params`` whole when not empty; ``name``, the
+    config file's stem, beside the sections). So a field added with a default that
+    reproduces the old behaviour, as the project's rule asks, changes no hash, and no stored
+    result turns stale; a value changed does. The flip side: changing an existing field's
+    default changes no hash either, so the results of the configs that relied on it must be
+    rerun by hand (delete them). ``tools/rehash_studies.py`` moved the results stored under
+    the former hash (of every field) to this one.
+    """
+    return _hash(_non_default(load(ROOT / config_path, overrides).to_dict()))
+
+
+def _non_default(raw: dict) -> dict:
+    """The entries of ``raw`` (an :meth:`Experiment.to_dict`) whose value differs from the
+    default of their field (each section's dataclass, ``Experiment``'s for the name), without
+    the workdir and the mesh."""
+    out: dict = {}
+    if not _same(raw["name"], {"name": Experiment.name}, "name"):
+        out["name"] = raw["name"]
+    for section, cls in SECTIONS.items():
+        if section == "mesh":
+            continue
+        values = {**raw[section], "workdir": ""} if section == "train" else raw[section]
+        default = dataclasses.asdict(cls())
+        changed = {k: v for k, v in values.items() if not _same(v, default, k)}
+        if changed:
+            out[section] = changed
+    return out
+
+
+def _same(value, defaults: dict, key: str) -> bool:
+    """Whether ``value`` is ``defaults[key]``, as JSON (``1`` and ``1.0`` differ, as do
+    ``True`` and ``1``; a key with no default is never the same)."""
+    return key in defaults and json.dumps(value, sort_keys=True) == json.dumps(
+        defaults[key], sort_keys=True
+    )
+
+
+def _hash(raw: dict) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
 
 

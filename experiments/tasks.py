@@ -9,10 +9,11 @@
 
 Each run is ``train.py configs/NAME.toml train.seed=S``, trained by the process pool of
 ``python -m tfmjax.sweep`` in ``runs/tasks/NAME-seedS-<hash>`` (see ``experiments/sweep.py``);
-its result is ``experiments/results/tasks/NAME-seedS.json``, keyed by a hash of the full
-config, so a rerun trains only what is missing or whose config changed, and the sweep can be
-spread over sittings. Configs start in the order listed (the quickest first). The seed
-changes the initialisation and the training batches; the eval set is the same for every run.
+its result is ``experiments/results/tasks/NAME-seedS.json``, keyed by a hash of the config
+(its non-default fields), so a rerun trains only what is missing or whose config changed,
+and the sweep can be spread over sittings. Configs start in the order listed (the quickest
+first). The seed changes the initialisation and the training batches; the eval set is the
+same for every run.
 """
 
 from __future__ import annotations
