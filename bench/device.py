@@ -146,9 +146,13 @@ class Shape:
         return f"T={self.T} H={self.H} {'causal' if self.causal else 'full'}"
 
 
-def attention_shapes(quick: bool) -> list[Shape]:
-    lengths, tokens, width = ((128, 256), 256, 256) if quick else ((1024, 4096, 16384), 16384, 2048)
-    widths = (64,) if quick else (64, 128)
+def attention_shapes(quick: bool, lengths=None, widths=None) -> list[Shape]:
+    """The attention cells; ``lengths`` and ``widths`` (head widths) narrow the default grid."""
+    default_lengths, tokens, width = (
+        ((128, 256), 256, 256) if quick else ((1024, 4096, 16384), 16384, 2048)
+    )
+    lengths = lengths or default_lengths
+    widths = widths or ((64,) if quick else (64, 128))
     return [
         Shape(T, H, causal, B=max(1, tokens // T), N=width // H)
         for T in lengths
@@ -303,9 +307,9 @@ def _flops_per_token(experiment, batch) -> float:
     return model_flops(cfg, params, B, S, T) / (B * T)
 
 
-def bench_train(quick: bool, matmul_tflops: float, steps: int, dtype: str) -> dict:
+def bench_train(quick: bool, matmul_tflops: float, steps: int, dtype: str, names=None) -> dict:
     results = {}
-    names = ["reverse"] if quick else list(TRAIN_SHAPES)
+    names = names or (["reverse"] if quick else list(TRAIN_SHAPES))
     peak = PEAK_BF16.get(_device_kind())
     for name in names:
         config, overrides = TRAIN_SHAPES[name]
@@ -402,6 +406,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--no-sweep", action="store_true", help="skip the Pallas block sweep")
     parser.add_argument("--skip", nargs="*", default=[], choices=["attention", "train", "decode"])
+    parser.add_argument("--lengths", nargs="*", type=int, help="attention T (default 1k 4k 16k)")
+    parser.add_argument("--widths", nargs="*", type=int, help="attention head widths (64 128)")
+    parser.add_argument("--train-shapes", nargs="*", choices=list(TRAIN_SHAPES))
+    parser.add_argument("--train-steps", type=int, default=None, help="steps per run (320)")
     args = parser.parse_args(argv)
     platform, quick = _platform(), args.quick
     repeats = args.repeats or (2 if quick else 5)
@@ -411,14 +419,17 @@ def main(argv=None) -> int:
     result["matmul"] = bench_matmul(512 if quick else 8192, dtype, repeats)
     matmul_tflops = result["matmul"]["tflops"]
     if "attention" not in args.skip:
-        shapes = attention_shapes(quick)
+        shapes = attention_shapes(quick, args.lengths, args.widths)
         impls = runnable_impls(platform, quick)
         result["attention"] = bench_attention(shapes, impls, dtype, repeats, matmul_tflops)
         if not args.no_sweep and "pallas" in impls:
             swept = shapes[:1] if quick else shapes
             result["pallas_blocks"] = sweep_pallas_blocks(swept, dtype, repeats, matmul_tflops)
     if "train" not in args.skip:
-        result["train"] = bench_train(quick, matmul_tflops, 32 if quick else 320, result["dtype"])
+        steps = args.train_steps or (32 if quick else 320)
+        result["train"] = bench_train(
+            quick, matmul_tflops, steps, result["dtype"], args.train_shapes
+        )
     if "decode" not in args.skip:
         result["decode"] = bench_decode(quick, repeats, result["dtype"])
     print_report(result)

@@ -9,7 +9,9 @@ Checked against jax 0.11.2 and found the same as on 0.10.2, so no shim: every pu
 name tfmjax, its tests and benchmarks use; ``lax.platform_dependent``; ``pl.pallas_call``,
 ``BlockSpec`` and both ``CompilerParams``; ``jax.export``; the transfer guards;
 ``jax.distributed.initialize``; ``jax.core.Tracer``; the private
-``jax._src.distributed.global_state.client`` that ``parallel.processes`` reads.
+``jax._src.distributed.global_state.client`` that ``parallel.processes`` reads. One
+difference found since (on an H200's host, lowering from its CPU): see
+:func:`gpu_lowering_target`.
 Known and left alone: jax 0.11 deprecates the Pallas Triton backend (each Triton lowering
 issues a DeprecationWarning; it still works); leaving it means porting the GPU kernel to
 Mosaic GPU, a new kernel rather than a shim.
@@ -103,6 +105,32 @@ def cudnn_dot_product_attention(
             **kwargs,
         )
     return out[:, :T]
+
+
+# ---- GPU lowering on a host without a GPU ------------------------------------------------
+#
+# jax 0.11.2 asks for the target GPU's compute capability while it lowers a Pallas Triton
+# kernel (``jax._src.pallas.triton.pallas_call_registration``) and, on a host without a GPU,
+# raises ``RuntimeError: No supported GPU devices found, please specify an abstract GPU device
+# using AbstractDevice``; jax 0.10.2 lowered without asking. Naming the target as the abstract
+# mesh's device, the route that message gives, answers it on both versions. Goes never: it is
+# the public way to say which GPU a program is built for.
+
+NOMINAL_GPU = "NVIDIA H100"  # the kind named when lowering for cuda on a host without a GPU
+
+
+@contextlib.contextmanager
+def gpu_lowering_target(device_kind: str = NOMINAL_GPU):
+    """While open, ``jit(...).lower(lowering_platforms=("cuda",))`` and ``jax.export`` for
+    ``cuda`` build Pallas Triton kernels for ``device_kind`` on a host without a GPU (the
+    current mesh's axes are kept). A no-op where jax's default backend is a GPU."""
+    if jax.default_backend() == "gpu":
+        yield
+        return
+    device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=None, platform="gpu")
+    mesh = jax.sharding.get_abstract_mesh().update(abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+        yield
 
 
 # ---- jax version ----------------------------------------------------------------------

@@ -64,7 +64,8 @@ def _cudnn_calls(text: str) -> list[dict]:
 
 
 def _lowered(fn, *args, platform="cuda") -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    with compat.gpu_lowering_target():
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
 # -- models of both families, lowered for cuda -------------------------------------------

@@ -13,12 +13,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tfmjax.compat import triton_custom_call_target
+from tfmjax.compat import gpu_lowering_target, triton_custom_call_target
 from tfmjax.kernels import masks, pallas_attention
 
 
 def _lower(platform, fn, *args):
-    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,))
+    with gpu_lowering_target():
+        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,))
     text = lowered.as_text()
     assert text, "empty module"
     return text

@@ -24,7 +24,7 @@ import pytest
 from jax import export
 
 from tfmjax import kernels
-from tfmjax.compat import triton_custom_call_target
+from tfmjax.compat import gpu_lowering_target, triton_custom_call_target
 from tfmjax.config import ModelConfig
 from tfmjax.kernels import masks, pallas_attention, reference
 from tfmjax.kernels.testing import call_kwargs, random_inputs, segment_ids
@@ -76,15 +76,17 @@ def _functions(impl):
 
 
 def _lowered_text(fn, platform, params, batch) -> str:
-    lowered = jax.jit(fn).trace(params, batch).lower(lowering_platforms=(platform,))
+    with gpu_lowering_target():
+        lowered = jax.jit(fn).trace(params, batch).lower(lowering_platforms=(platform,))
     return lowered.as_text(debug_info=True)
 
 
 def _exported_text(fn, platform, params, batch) -> str:
     checks = [export.DisabledSafetyCheck.custom_call(TRITON)] if platform == "cuda" else []
-    exported = export.export(jax.jit(fn), platforms=(platform,), disabled_checks=checks)(
-        params, batch
-    )
+    with gpu_lowering_target():
+        exported = export.export(jax.jit(fn), platforms=(platform,), disabled_checks=checks)(
+            params, batch
+        )
     assert exported.platforms == (platform,)
     return exported.mlir_module()
 
@@ -205,11 +207,12 @@ def test_every_feature_dispatches(platform):
         )
         return jnp.sum(out**2)
 
-    lowered = (
-        jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-        .trace(q, k, v, jnp.int32(16))
-        .lower(lowering_platforms=(platform,))
-    )
+    with gpu_lowering_target():
+        lowered = (
+            jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            .trace(q, k, v, jnp.int32(16))
+            .lower(lowering_platforms=(platform,))
+        )
     _assert_only_kernel_of(platform, lowered.as_text(debug_info=True), 3)
 
 
@@ -236,5 +239,5 @@ def test_blocks_too_small_for_triton_leave_out_the_gpu_branch():
     _assert_only_kernel_of(
         "tpu", fn.trace(q, k, v).lower(lowering_platforms=("tpu",)).as_text(debug_info=True), 1
     )
-    with pytest.raises(NotImplementedError, match="platform_index.*cuda"):
+    with gpu_lowering_target(), pytest.raises(NotImplementedError, match="platform_index.*cuda"):
         fn.trace(q, k, v).lower(lowering_platforms=("cuda",))

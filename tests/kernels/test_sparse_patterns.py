@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tfmjax import kernels
-from tfmjax.compat import triton_custom_call_target
+from tfmjax.compat import gpu_lowering_target, triton_custom_call_target
 from tfmjax.kernels import (
     block_geometry,
     blockwise,
@@ -331,5 +331,6 @@ def test_auto_passes_the_pattern_to_every_platform():
         np.asarray(kernels.attention(q, k, v, **pattern, impl="auto")), want, rtol=1e-5, atol=1e-5
     )
     fn = jax.jit(lambda q, k, v: kernels.attention(q, k, v, **pattern, impl="auto"))
-    text = fn.trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
+    with gpu_lowering_target():
+        text = fn.trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
     assert triton_custom_call_target() in text

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import pytest
 from jax import export
 
+from tfmjax.compat import gpu_lowering_target
 from tfmjax.config import ModelConfig
 from tfmjax.data import make_batch, make_task
 from tfmjax.models import build
@@ -104,7 +105,8 @@ def _step(family: str, impl: str, dtype: str):
 def _export(family: str, impl: str, dtype: str, platform: str) -> export.Exported:
     step, state, specs = _step(family, impl, dtype)
     unstable = [export.DisabledSafetyCheck.custom_call(t) for t in (TRITON, *CUDNN)]
-    return export.export(step, platforms=(platform,), disabled_checks=unstable)(state, specs)
+    with gpu_lowering_target():
+        return export.export(step, platforms=(platform,), disabled_checks=unstable)(state, specs)
 
 
 def _custom_calls(text: str) -> Counter:
