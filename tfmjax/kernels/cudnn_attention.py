@@ -34,8 +34,9 @@ lower or ``jax.export`` a cuDNN model for ``cuda`` (see :mod:`tfmjax.compat` for
 jax internal this needs), and a CPU run with ``cudnn`` stops at its first compile with that
 line.
 
-Numerics: the cuDNN kernels themselves run only on a GPU; no GPU has run them for this
-module yet (``tests/kernels/test_cudnn.py`` compares with ``xla`` when one is present).
+Numerics: the cuDNN kernels themselves run only on a GPU: ``tests/kernels/test_cudnn.py``
+compares values and gradients with ``xla`` when one is present (passed on an H200, jax
+0.11.2, 2026-11-26: GQA, a causal window, padded rows, odd lengths, T != S, bf16).
 """
 
 from __future__ import annotations

@@ -63,9 +63,14 @@ BLOCKWISE_MIN_LEN_CPU = 512
 # What "auto" runs on each platform: ``(from_length, impl)`` rows in increasing order; the
 # last row whose ``from_length <= min(T, S)`` applies. Where the numbers come from:
 # * cpu: measured on a 2-core CPU (:data:`BLOCKWISE_MIN_LEN_CPU`).
-# * cuda, rocm, tpu: not measured yet -- no accelerator has timed these kernels for
-#   tfmjax. They keep the choice made before this table existed (Pallas everywhere);
-#   ``bench/device.py`` is to fill in cuda/tpu (e.g. ``"cudnn"`` for some lengths).
+# * cuda: Pallas. On an H200 (bench/README.md, bf16, H=128, T=1k-16k) cuDNN's
+#   forward+backward ran 1.7-3.1x faster than Pallas, but cuDNN's masks take only one
+#   segment followed by padding per row, and segment ids are traced, so "auto" cannot know
+#   a batch is of that form: a packed or left-padded batch would be masked wrongly.
+#   ``attention_impl = "cudnn"`` (whose ``check_batch`` refuses other batches) is the
+#   user's fast choice. A row ``(n, "cudnn")`` here would make "auto" pick it from n on.
+# * rocm, tpu: not measured (no such device yet); Pallas, the choice made before this
+#   table existed.
 # A dense bias always runs "xla". A row naming an implementation that cannot take the call
 # falls back: "cudnn" (outside cuda, or a mask it cannot express) to "pallas", "pallas"
 # (not importable) to the cpu row.
