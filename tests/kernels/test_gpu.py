@@ -47,12 +47,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_triton_matches_reference(name):
-    B, T, S, N, K, H, dtype, options, (bq, bk) = CASES[name]
-    blocks = pallas_attention.BlockSizes(bq, bk, bq, bk, bq, bk)
-    q, k, v, d_out = random_inputs(B, T, S, N, K, H, dtype)
-    kw = call_kwargs(H, **options)
+def _assert_triton_matches_reference(blocks, dtype, q, k, v, d_out, kw):
+    """Values and gradients of the Pallas kernel with ``blocks`` against the reference."""
     with jax.default_matmul_precision("highest"):
         got = value_and_grads(
             lambda *a, **o: pallas_attention.attention(*a, **o, block_sizes=blocks),
@@ -60,6 +56,14 @@ def test_triton_matches_reference(name):
         )  # fmt: skip
         want = value_and_grads(reference.attention, q, k, v, d_out, **kw)
     assert_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_triton_matches_reference(name):
+    B, T, S, N, K, H, dtype, options, (bq, bk) = CASES[name]
+    blocks = pallas_attention.BlockSizes(bq, bk, bq, bk, bq, bk)
+    q, k, v, d_out = random_inputs(B, T, S, N, K, H, dtype)
+    _assert_triton_matches_reference(blocks, dtype, q, k, v, d_out, call_kwargs(H, **options))
 
 
 def test_triton_segments_and_padding():
@@ -70,10 +74,4 @@ def test_triton_segments_and_padding():
         64, causal=True, q_segment_ids=segment_ids(T, spec), kv_segment_ids=segment_ids(S, spec)
     )
     blocks = pallas_attention.BlockSizes(32, 32, 32, 32, 32, 32)
-    with jax.default_matmul_precision("highest"):
-        got = value_and_grads(
-            lambda *a, **o: pallas_attention.attention(*a, **o, block_sizes=blocks),
-            q, k, v, d_out, **kw,
-        )  # fmt: skip
-        want = value_and_grads(reference.attention, q, k, v, d_out, **kw)
-    assert_close(got, want, jnp.float32)
+    _assert_triton_matches_reference(blocks, jnp.float32, q, k, v, d_out, kw)
