@@ -49,6 +49,19 @@ def test_randomized_positions_are_a_uniform_subset():
     np.testing.assert_allclose(pos.mean(0), expected, atol=0.15)
 
 
+def test_evaluation_table_is_one_fixed_sorted_subset():
+    """Evaluation reads one draw: strictly increasing, in [0, M), the same on every call; a
+    longer table is another draw, not an extension (the table's size is the model's
+    max_len, fixed per model)."""
+    table = positions.evaluation_position_table(72, 256)
+    assert table.shape == (72,) and table.dtype == np.int32
+    assert np.all(np.diff(table) > 0) and table[0] >= 0 and table[-1] < 256
+    np.testing.assert_array_equal(table, positions.evaluation_position_table(72, 256))
+    # Typical gaps of a uniform 72-subset of 256 (mean 256/73, about 3.5), not 0..71's 1s.
+    assert 2.5 < np.diff(table).mean() < 4.5 and table[-1] > 200
+    np.testing.assert_array_equal(positions.evaluation_position_table(8, 8), np.arange(8))
+
+
 def test_digit_runs_match_the_abacus_oracle_and_carry_across_chunks():
     rng = np.random.default_rng(0)
     ids = rng.choice([3, 5, 6, 9, 14, 15, 0], size=(5, 17))

@@ -1,7 +1,7 @@
 """Randomized positions (Ruoss et al. 2023) and Abacus places (McLeish et al. 2024) in the
 models: training draws from the step's dropout key only, reaches positions past the row's
-length, and evaluation reads the ordered positions; the config and task checks say in one
-line what is wrong."""
+length, and evaluation reads one fixed sorted draw (the same for the uncached forward and
+decoding); the config and task checks say in one line what is wrong."""
 
 import pathlib
 
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from tfmjax.config import ConfigError, ModelConfig, load
+from tfmjax.layers.positions import alibi_row_bias, alibi_slopes, evaluation_position_table
 from tfmjax.models import build, preset
+from tfmjax.models.common import PositionExtras
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
@@ -46,13 +48,56 @@ def test_randomized_training_uses_far_positions_from_the_dropout_key_alone():
     assert loss_c != loss_a  # another step's key draws other positions
     rows = _pos_rows_used(grads, "pos_embed")
     assert rows.max() >= 8 and len(rows) > 8  # positions beyond 0..T-1 were drawn
-    # Evaluation (deterministic) reads 0..T-1 only, whatever the key.
+    # Evaluation (deterministic) reads the fixed table at 0..T-1, whatever the key.
+    _, eval_grads = _loss_grads(cfg, batch, deterministic=True)(jax.random.key(5))
+    table = evaluation_position_table(8, 64)
+    np.testing.assert_array_equal(_pos_rows_used(eval_grads, "pos_embed"), table)
     model = build(cfg)
     params = model.init(jax.random.key(0), batch)
     ordered = np.tile(np.arange(8), (4, 1))
     ordered[1, 5:] = np.arange(3)  # the padding is a segment of its own
     ordered = {**batch, "positions": jnp.asarray(ordered)}
     np.testing.assert_array_equal(model.apply(params, batch), model.apply(params, ordered))
+
+
+@pytest.mark.parametrize("position", ["rope", "sinusoidal"])
+def test_randomized_evaluation_is_the_ordered_model_at_the_table_positions(position):
+    """Oracle: a randomized model at evaluation equals the same parameters under ordered
+    sampling fed ``positions = table[0..T-1]`` explicitly (Ruoss et al. 2023 sample test
+    positions too), for the encodings read per token without parameters sized by the
+    positions (learned rows would differ in number). Distance biases: the next test."""
+    base = preset("tiny-gpt2", vocab_size=16, max_len=8, position=position)
+    randomized = ModelConfig(
+        **{**base.__dict__, "position_sampling": "randomized", "max_position": 64}
+    )
+    ordered = ModelConfig(**{**base.__dict__, "max_len": 64})
+    tokens = jnp.asarray(np.random.default_rng(1).integers(5, 16, size=(3, 8)), jnp.int32)
+    batch = {"tokens": tokens}
+    params = build(randomized).init(jax.random.key(0), batch)
+    table = jnp.asarray(evaluation_position_table(8, 64))
+    explicit = {**batch, "positions": jnp.broadcast_to(table, (3, 8))}
+    got = build(randomized).apply(params, batch)
+    want = build(ordered).apply(params, explicit)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with_ordered = build(ordered).apply(
+        params, {**batch, "positions": jnp.tile(jnp.arange(8), (3, 1))}
+    )
+    assert not np.allclose(got, with_ordered, atol=1e-4)  # the table is not 0..T-1
+
+
+def test_randomized_alibi_at_evaluation_is_the_distance_of_table_positions():
+    """ALiBi's dense bias at evaluation, cached or not: ``-m_n |table[p] - table[s]|`` (the
+    cache's slots share the last query's shift, here none)."""
+    cfg = preset("tiny-gpt2", vocab_size=16, max_len=8, position="alibi")
+    cfg = ModelConfig(**{**cfg.__dict__, "position_sampling": "randomized", "max_position": 64})
+    extras = PositionExtras(cfg, bidirectional=False, deterministic=True)
+    table = jnp.asarray(evaluation_position_table(8, 64))
+    ordered = jnp.tile(jnp.arange(8), (2, 1))
+    want = alibi_row_bias(alibi_slopes(cfg.num_heads), table[ordered], table[ordered])
+    _, uncached = extras.apply({}, 8, 8, 0, ordered)
+    np.testing.assert_allclose(uncached, want, rtol=1e-6)
+    _, cached = extras.apply({}, 3, 8, 5, ordered[:, 5:], cached=True)  # queries 5..7
+    np.testing.assert_allclose(cached, want[:, :, 5:], rtol=1e-6)
 
 
 def test_abacus_training_offsets_the_places_and_evaluation_does_not():
@@ -77,6 +122,7 @@ def test_abacus_training_offsets_the_places_and_evaluation_does_not():
         ({"position": "fire", "attention_impl": "pallas"}, "model.attention_impl"),
         ({"position": "fire", "attention": "linear"}, "model.position"),
         ({"position": "none", "position_sampling": "randomized"}, "model.position_sampling"),
+        ({"attention": "retention", "position_sampling": "randomized"}, "model.position_sampling"),
     ],
 )
 def test_bad_position_options_are_one_line_errors(overrides, field):

@@ -9,6 +9,9 @@ from typing import Any
 from tfmjax.config.checks import one_of, positive, require
 from tfmjax.config.choices import POSITION_SAMPLINGS
 
+# Mixers whose decoding cache is a fixed-size state, not one slot per position.
+STATE_MIXERS = ("linear", "retention", "selective_scan")
+
 
 def check_position_options(cfg: Any) -> None:
     """``cfg`` is a :class:`tfmjax.config.model.ModelConfig`."""
@@ -34,6 +37,13 @@ def check_position_options(cfg: Any) -> None:
             "model.position_sampling",
             cfg.position_sampling,
             f"model.position={cfg.position!r} reads no token positions: use 'ordered'",
+        )
+        require(
+            cfg.attention not in STATE_MIXERS,
+            "model.position_sampling",
+            cfg.position_sampling,
+            f"evaluation reads a draw as wide as the KV cache, and model.attention="
+            f"{cfg.attention!r} keeps a state, not key slots: use 'ordered'",
         )
         dense = cfg.position == "alibi" and cfg.attention_impl not in ("auto", "xla", "reference")
         require(

@@ -142,6 +142,22 @@ def randomized_positions(key, index, lengths, max_position: int):
     return jnp.where(picked < max_position, picked, 0).astype(jnp.int32)
 
 
+EVALUATION_POSITION_SEED = 0  # fixes the one draw that evaluation and decoding read
+
+
+def evaluation_position_table(width: int, max_position: int) -> np.ndarray:
+    """Randomized positions at evaluation: Ruoss et al. (2023) draw positions at test time
+    too, and a model trained on sorted random subsets fails on the atypical ``0..T-1``
+    (every gap 1, where training gaps average ``max_position / n``). One sorted uniform
+    random ``width``-subset of ``[0, max_position)`` for a sequence ``width`` slots wide,
+    fixed by :data:`EVALUATION_POSITION_SEED` and shared by the batch's rows: ordered
+    position ``p`` becomes ``table[p]``. The width is the input's (uncached) or the KV
+    cache's (decoding), so decoding reads what the uncached forward over the whole sequence
+    reads. ``[width]`` int32, strictly increasing."""
+    rng = np.random.default_rng(EVALUATION_POSITION_SEED)
+    return np.sort(rng.permutation(max_position)[:width]).astype(np.int32)
+
+
 def digit_runs(ids, first_digit: int, carry=None):
     """Abacus places (McLeish et al. 2024): each digit's 1-based place within its run of
     consecutive digits (a number), 0 on every other token. ``ids [B,T]`` -> ``[B,T]`` int32.

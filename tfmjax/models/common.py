@@ -25,6 +25,7 @@ from tfmjax.layers.positions import (
     alibi_row_bias,
     alibi_slopes,
     digit_runs,
+    evaluation_position_table,
     randomized_positions,
     sinusoidal,
 )
@@ -182,6 +183,18 @@ def token_positions(module: nn.Module, segment_ids, cfg: ModelConfig, determinis
     return randomized_positions(module.make_rng("dropout"), index, lengths, cfg.position_rows)
 
 
+def seen_positions(cfg: ModelConfig, positions, deterministic: bool, width: int):
+    """The positions the encodings read: under ``model.position_sampling = "randomized"``
+    at evaluation and decoding (``deterministic``), the ordered positions ``[B,T]`` of a
+    sequence ``width`` slots wide (the input's, or the KV cache's) read through
+    :func:`tfmjax.layers.positions.evaluation_position_table`; else unchanged. Training
+    rows already carry their random draw (:func:`token_positions`)."""
+    if not deterministic or cfg.position_sampling != "randomized" or positions is None:
+        return positions
+    table = jnp.asarray(evaluation_position_table(width, cfg.position_rows))
+    return table[jnp.clip(positions, 0, width - 1)]
+
+
 def abacus_places(module: nn.Module, ids, cfg: ModelConfig, deterministic: bool, carry=None):
     """Abacus places of ``ids [B,T]`` (:func:`digit_runs`), shifted while training by a
     random offset in ``[0, model.abacus_max_offset)`` per row (McLeish et al. 2024)."""
@@ -315,19 +328,26 @@ class PositionExtras(nn.Module):
 
     cfg: ModelConfig
     bidirectional: bool
+    deterministic: bool = True
 
     @nn.compact
     def __call__(self, q_len: int, kv_len: int, q_offset=0, positions=None, cached=False):
-        """``positions [B,T]``: the queries' positions. Uncached self-attention: the keys'
-        too. ``cached``: the keys are the cache's slots, which share the last query's shift
-        from slot to position (prompts are left-padded, decoded positions consecutive)."""
+        """``positions [B,T]``: the queries' positions (ordered ones at evaluation). Uncached
+        self-attention: the keys' too. ``cached``: the keys are the cache's slots, which share
+        the last query's shift from slot to position (prompts are left-padded, decoded
+        positions consecutive). Randomized sampling at evaluation reads both through
+        :func:`seen_positions`, so the distances are dense, cached or not."""
         cfg = self.cfg
-        randomized = cfg.position_sampling == "randomized" and not cached
+        sampled = cfg.position_sampling == "randomized"
+        randomized = sampled and (not cached or self.deterministic)
         if positions is not None and (cached or q_len != kv_len):
             shift = positions[:, -1:] - (q_offset + q_len - 1)  # [B,1]
             kv_pos = jnp.arange(kv_len)[None, :] + shift
         else:
             kv_pos = positions
+        if sampled and positions is not None:
+            positions = seen_positions(cfg, positions, self.deterministic, kv_len)
+            kv_pos = seen_positions(cfg, kv_pos, self.deterministic, kv_len)
         if cfg.position == "alibi":
             if randomized and positions is not None:
                 return None, alibi_row_bias(alibi_slopes(cfg.num_heads), positions, kv_pos)

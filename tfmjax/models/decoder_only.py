@@ -35,6 +35,7 @@ from tfmjax.models.common import (
     make_stack,
     padding_segments,
     positions_from_segments,
+    seen_positions,
     shift_right,
     token_positions,
 )
@@ -55,7 +56,9 @@ class DecoderOnly(Family, nn.Module):
     def setup(self):
         cfg = self.config
         self.embedder = Embedder(cfg, self.dropout_rate, name="embed")
-        self.extras = PositionExtras(cfg, bidirectional=False, name="extras")
+        self.extras = PositionExtras(
+            cfg, bidirectional=False, deterministic=self.deterministic, name="extras"
+        )
         self.stack = make_stack(
             cfg,
             SelfAttentionBlock,
@@ -93,6 +96,7 @@ class DecoderOnly(Family, nn.Module):
         offset = 0 if cache is None else first["index"]
         kv_len = T if cache is None or "k" not in first else first["k"].shape[2]
         slopes, bias = self.extras(T, kv_len, offset, positions, cached=cache is not None)
+        positions = seen_positions(self.config, positions, self.deterministic, kv_len)
         x = self.embedder(
             input_ids, positions, deterministic=self.deterministic, side="decoder", carry=carry
         )

@@ -36,6 +36,7 @@ from tfmjax.models.common import (
     make_stack,
     padding_segments,
     positions_from_segments,
+    seen_positions,
     shift_right,
     token_positions,
 )
@@ -59,8 +60,12 @@ class EncoderDecoder(Family, nn.Module):
         cfg = self.config
         # shared by encoder, decoder (and output)
         self.embedder = Embedder(cfg, self.dropout_rate, name="embed")
-        self.encoder_extras = PositionExtras(cfg, bidirectional=True, name="encoder_extras")
-        self.decoder_extras = PositionExtras(cfg, bidirectional=False, name="decoder_extras")
+        self.encoder_extras = PositionExtras(
+            cfg, bidirectional=True, deterministic=self.deterministic, name="encoder_extras"
+        )
+        self.decoder_extras = PositionExtras(
+            cfg, bidirectional=False, deterministic=self.deterministic, name="decoder_extras"
+        )
         self.encoder = make_stack(
             cfg,
             EncoderBlock,
@@ -116,6 +121,7 @@ class EncoderDecoder(Family, nn.Module):
             segment_ids = padding_segments(inputs, self.config.pad_id)
         positions = token_positions(self, segment_ids, self.config, self.deterministic)
         slopes, bias = self.encoder_extras(inputs.shape[1], inputs.shape[1], 0, positions)
+        positions = seen_positions(self.config, positions, self.deterministic, inputs.shape[1])
         x = self.embedder(inputs, positions, deterministic=self.deterministic)
         x, _ = self.encoder(x, None, BlockInputs(positions, segment_ids, slopes, bias))
         x = self.encoder_norm(x) if self.config.norm_position == "pre" else x
@@ -143,6 +149,7 @@ class EncoderDecoder(Family, nn.Module):
         offset = 0 if cache is None else first["index"]
         kv_len = T if cache is None or "k" not in first else first["k"].shape[2]
         slopes, bias = self.decoder_extras(T, kv_len, offset, positions, cached=cache is not None)
+        positions = seen_positions(self.config, positions, self.deterministic, kv_len)
         x = self.embedder(
             input_ids, positions, deterministic=self.deterministic, side="decoder", carry=carry
         )

@@ -25,6 +25,7 @@ from tfmjax.models.common import (
     PositionExtras,
     make_stack,
     padding_segments,
+    seen_positions,
     token_positions,
 )
 from tfmjax.models.family import Family
@@ -44,7 +45,9 @@ class EncoderOnly(Family, nn.Module):
     def setup(self):
         cfg = self.config
         self.embedder = Embedder(cfg, self.dropout_rate, name="embed")
-        self.extras = PositionExtras(cfg, bidirectional=True, name="extras")
+        self.extras = PositionExtras(
+            cfg, bidirectional=True, deterministic=self.deterministic, name="extras"
+        )
         self.stack = make_stack(
             cfg,
             EncoderBlock,
@@ -66,6 +69,7 @@ class EncoderOnly(Family, nn.Module):
         else:
             positions = token_positions(self, segment_ids, self.config, self.deterministic)
         slopes, bias = self.extras(tokens.shape[1], tokens.shape[1], 0, positions)
+        positions = seen_positions(self.config, positions, self.deterministic, tokens.shape[1])
         x = self.embedder(
             tokens,
             positions,
