@@ -138,7 +138,7 @@ def gpu_lowering_target(device_kind: str = NOMINAL_GPU):
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__)
 # Each (major, minor) the whole test suite has passed on. Widen the jax range in
 # pyproject.toml (dependencies and the cuda12/cuda13/tpu extras) in the same commit.
-TESTED_JAX_MINORS: tuple[tuple[int, int], ...] = ((0, 10),)
+TESTED_JAX_MINORS: tuple[tuple[int, int], ...] = ((0, 10), (0, 11))
 
 
 def untested_jax(version: tuple[int, ...] = JAX_VERSION) -> str:

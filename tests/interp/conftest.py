@@ -60,7 +60,7 @@ def rows():
 
 
 @functools.cache
-def _trained(family: str, steps: int = 300):
+def _trained(family: str, steps: int = 400):
     task = make_task("reverse", max_len=5, num_symbols=6)
     cfg = preset(
         FAMILY_PRESET[family],
@@ -98,5 +98,5 @@ def _trained(family: str, steps: int = 300):
 
 @pytest.fixture(scope="session")
 def trained():
-    """``trained(family)`` -> (task, model, params, eval batch): reverse, 300 steps."""
+    """``trained(family)`` -> (task, model, params, eval batch): reverse, 400 steps."""
     return _trained
