@@ -227,12 +227,13 @@ def scored(run: Run, record: dict, task, family, encoding, seed, extra) -> dict:
     }
 
 
-def _mean_scores(task, family, encoding, seeds, metric: str):
-    """``(per-length means, number of seeds)`` of the stored results."""
+def _mean_scores(task, family, encoding, seeds, metric: str, extra=()):
+    """``(per-length means, number of seeds)`` of the stored results that are current (a
+    result of an older setting, e.g. before the 4x length, is left out: it is rerun)."""
     rows = [
         json.loads(result_path(task, family, encoding, s).read_text())
         for s in seeds
-        if result_path(task, family, encoding, s).is_file()
+        if is_current((task, family, encoding, s), list(extra))
     ]
     if not rows:
         return None, 0
@@ -240,7 +241,7 @@ def _mean_scores(task, family, encoding, seeds, metric: str):
     return values.mean(axis=0), len(rows)
 
 
-def table(tasks, families, encodings, seeds) -> str:
+def table(tasks, families, encodings, seeds, extra=()) -> str:
     head = " / ".join(f"{f:g}x" for f in FACTORS)
     lines = [
         f"| task | family | encoding | seeds | exact-match ({head}) | token accuracy ({head}) |",
@@ -251,17 +252,17 @@ def table(tasks, families, encodings, seeds) -> str:
             for encoding in encodings:
                 if not applies(task, family, encoding):
                     continue
-                em, n = _mean_scores(task, family, encoding, seeds, "exact_match")
+                em, n = _mean_scores(task, family, encoding, seeds, "exact_match", extra)
                 if em is None:
                     lines.append(f"| `{task}` | {family} | {encoding} | 0 | not run | |")
                     continue
-                acc, _ = _mean_scores(task, family, encoding, seeds, "token_accuracy")
+                acc, _ = _mean_scores(task, family, encoding, seeds, "token_accuracy", extra)
                 fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs)
                 lines.append(f"| `{task}` | {family} | {encoding} | {n} | {fmt(em)} | {fmt(acc)} |")
     return "\n".join(lines)
 
 
-def figure(tasks, families, encodings, seeds, path: Path) -> None:
+def figure(tasks, families, encodings, seeds, path: Path, extra=()) -> None:
     """Exact-match against test length, one panel per task x family, a line per encoding."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -272,7 +273,7 @@ def figure(tasks, families, encodings, seeds, path: Path) -> None:
         for col, task in enumerate(tasks):
             ax = axes[row][col]
             for encoding in encodings:
-                em, n = _mean_scores(task, family, encoding, seeds, "exact_match")
+                em, n = _mean_scores(task, family, encoding, seeds, "exact_match", extra)
                 if em is not None:
                     ax.plot(lengths_of(task), em, marker="o", label=encoding)
             ax.set_title(f"{task}, {family}", fontsize="medium")
@@ -317,11 +318,12 @@ def main(argv=None) -> int:
         print(f"  {run.label}: exact-match {em}; {record['wall_sec']:.0f} s", flush=True)
 
     code = train_missing(list(by_run), store, budget=args.budget, **train_options(args))
-    print(table(tasks, families, encodings, seeds))
+    print(table(tasks, families, encodings, seeds, args.extra))
     if args.dry_run:
         return code
     if args.table or args.figure:
-        figure(tasks, families, encodings, seeds, Path(args.figure) if args.figure else FIGURE)
+        path = Path(args.figure) if args.figure else FIGURE
+        figure(tasks, families, encodings, seeds, path, args.extra)
     if args.table:
         write_table(BEGIN, END, table(list(TASKS), list(FAMILIES), ENCODINGS, SEEDS))
     return code
