@@ -376,7 +376,8 @@ def print_report(result: dict) -> None:
     peak = f", {m['of_peak']:.0%} of the spec peak" if m["of_peak"] else ""
     print(f"{result['device']} ({result['platform']}), jax {result['jax']}")
     print(f"matmul {m['n']}^2 {m['dtype']}: {m['tflops']:.1f} TFLOP/s{peak}\n")
-    print("attention fwd+bwd TFLOP/s (fraction of the matmul)")
+    if "attention" in result:
+        print("attention fwd+bwd TFLOP/s (fraction of the matmul)")
     for shape, row in result.get("attention", {}).items():
         cells = [
             f"{impl} {_fmt(c, 'fwd_bwd_tflops', '.2f')} ({_fmt(c, 'fwd_bwd_of_matmul', '.2f')})"
@@ -386,7 +387,8 @@ def print_report(result: dict) -> None:
         print(f"  {shape:24s} " + "  ".join(cells))
     for shape, sweep in result.get("pallas_blocks", {}).items():
         print(f"  pallas blocks {shape}: best {sweep['best']}")
-    print("\ntraining tokens/s (MFU)")
+    if "train" in result:
+        print("\ntraining tokens/s (MFU)")
     for name, row in result.get("train", {}).items():
         cells = [
             f"{k}: {_fmt(c, 'tokens_per_sec', ',.0f')} ({_fmt(c, 'mfu', '.1%')})"
