@@ -7,7 +7,8 @@ addition, evaluated at 1x, 1.5x, 2x and 4x the longest training length, both fam
     python experiments/length_generalisation.py --jobs 2 --budget 3600   # 2 runs at once, 1 h
 
 Training lengths: copy and reverse 1-8 symbols (tested at 8, 12, 16, 32), addition operands
-of 1-4 digits (tested with exactly 4, 6, 8, 16 digits). Encodings: sinusoidal, learned, RoPE,
+of 1-4 digits (tested with exactly 4, 6, 8, 16 digits; ``addition_reversed`` writes every
+number least significant first, McLeish et al.'s order). Encodings: sinusoidal, learned, RoPE,
 ALiBi, T5 relative buckets, and none (decoder-only: a causal decoder can count positions
 itself; an encoder without positions cannot tell orders apart); FIRE; Abacus (addition
 only); and ``randomized_X``: encoding X trained on sorted random positions below
@@ -78,8 +79,8 @@ TASKS = {
             "decoder_only": ["data.batch_size=128", "train.steps=4000"],
         },
     },
-    "addition_reversed": {
-        "params": {"num_digits": 4},
+    "addition_reversed": {  # every number least significant first (McLeish et al.'s order)
+        "params": {"num_digits": 4, "reversed_operands": True},
         "length": "num_digits",
         "train": {
             "encoder_decoder": ["data.batch_size=64", "train.steps=3000"],
@@ -129,7 +130,8 @@ def config_of(task: str, family: str) -> str:
 
 def overrides(task: str, family: str, encoding: str, seed: int, extra: list[str]) -> list[str]:
     spec = TASKS[task]
-    params = [f"data.task_params.{k}={v}" for k, v in spec["params"].items()]
+    value = lambda v: str(v).lower() if isinstance(v, bool) else v  # TOML bools
+    params = [f"data.task_params.{k}={value(v)}" for k, v in spec["params"].items()]
     return [
         *encoding_overrides(encoding),
         f"model.max_len={MAX_LEN}",
@@ -168,9 +170,10 @@ def task_at(task: str, n: int):
     """The task with every example at length ``n`` (symbols, or digits per operand)."""
     from tfmjax.data.tasks import make_task
 
+    params = {k: v for k, v in TASKS[task]["params"].items() if k not in ("min_len", "max_len")}
     if TASKS[task]["length"] == "num_digits":
-        return make_task(task, num_digits=n, exact_digits=True)
-    return make_task(task, min_len=n, max_len=n)
+        return make_task(task, **{**params, "num_digits": n}, exact_digits=True)
+    return make_task(task, **params, min_len=n, max_len=n)
 
 
 def score(workdir: Path, task: str) -> list[dict]:

@@ -180,6 +180,7 @@ def test_defaults_are_small():
         "reversed_answer": False,
         "exact_digits": False,
         "pad_operands": False,
+        "reversed_operands": False,
     }
     assert make_task("addition_reversed").reversed_answer
 
@@ -222,6 +223,20 @@ def test_pad_operands_writes_both_operands_at_the_widest_width():
                 assert answer == str(int(a) + int(b))  # no leading zeros in the answer
     with pytest.raises(ValueError, match="pad_operands must be a bool"):
         make_task("addition", pad_operands="yes")
+
+
+def test_reversed_operands_write_every_number_least_significant_first():
+    """McLeish et al.'s order: operands and answer all least significant first, so a digit's
+    place in its number is its place value; padding zeros trail."""
+    task = make_task("addition_reversed", num_digits=4, reversed_operands=True, pad_operands=True)
+    for split, width in (("train", 4), ("length", 8)):
+        for source, target in _samples(task, split, 50):
+            a, b = (o[::-1] for o in task.vocab.decode(source).replace(" ", "").split("+"))
+            assert len(a) == len(b) == width  # read back most significant first
+            assert task.vocab.decode(target).replace(" ", "")[::-1] == str(int(a) + int(b))
+    assert task.canonical_input("5 4 + 3 2 1") == "5 4 0 0 + 3 2 1 0"
+    with pytest.raises(ValueError, match="reversed_operands must be a bool"):
+        make_task("addition", reversed_operands=1)
 
 
 def test_task_params_change_the_data():

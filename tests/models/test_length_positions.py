@@ -111,6 +111,26 @@ def test_abacus_training_offsets_the_places_and_evaluation_does_not():
     np.testing.assert_array_equal(_pos_rows_used(grads, "abacus_embed"), [0, 1, 2, 3])
 
 
+def test_encoder_decoder_abacus_offsets_both_sides_alike():
+    """One training offset per row for the encoder's operands and the decoder's answer, so
+    digits of the same place keep equal places (else cross-attention could not align them):
+    the rows used are one run ``o+1 .. o+4``, never two."""
+    cfg = preset("tiny-vaswani", vocab_size=16, max_len=8, position="abacus", digit_first_id=5)
+    cfg = ModelConfig(**{**cfg.__dict__, "abacus_max_offset": 60})
+    batch = {  # operands 3 and 4 digits, answer 4 digits: places 1..4 on both sides
+        "inputs": jnp.asarray([[6, 7, 8, 15, 9, 10, 11, 12]], jnp.int32),
+        "targets": jnp.asarray([[7, 9, 11, 13, 2, 0, 0, 0]], jnp.int32),
+    }
+    step = _loss_grads(cfg, batch)
+    starts = set()
+    for seed in range(4):
+        rows = _pos_rows_used(step(jax.random.key(seed))[1], "abacus_embed")
+        rows = rows[rows > 0]  # row 0: the non-digit tokens
+        np.testing.assert_array_equal(rows, np.arange(rows[0], rows[0] + 4))
+        starts.add(int(rows[0]))
+    assert len(starts) > 1  # the offset does move with the key
+
+
 @pytest.mark.parametrize(
     "overrides,field",
     [

@@ -25,18 +25,22 @@ class AdditionTask(Task):
     both operands are written with leading zeros to the split's widest operand
     (num_digits; 2 * num_digits in the length split), so digits of the same place
     value sit at the same offset from "+" and from the end (the zero-padding of
-    Lee et al. 2024); the answer keeps no leading zeros. Length split: both
-    operands have num_digits+1 .. 2*num_digits digits.
+    Lee et al. 2024); the answer keeps no leading zeros. With `reversed_operands`,
+    the operands are written least significant first too (padding zeros then trail), so
+    with `reversed_answer` every number reads in the same order and a digit's place within
+    its number is its place value (McLeish et al. 2024's setting for Abacus places).
+    Length split: both operands have num_digits+1 .. 2*num_digits digits.
     """
 
     num_digits: int = 3
     reversed_answer: bool = False
     exact_digits: bool = False
     pad_operands: bool = False
+    reversed_operands: bool = False
 
     def __post_init__(self) -> None:
         check_int("addition", "num_digits", self.num_digits, 1)
-        for flag in ("reversed_answer", "exact_digits", "pad_operands"):
+        for flag in ("reversed_answer", "exact_digits", "pad_operands", "reversed_operands"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(
                     f"task {self.name!r}: {flag} must be a bool, got {getattr(self, flag)!r}"
@@ -65,6 +69,11 @@ class AdditionTask(Task):
         """The digits of n, most significant first, with leading zeros up to `width`."""
         return [self.vocab.token_id(c) for c in str(n).zfill(width)]
 
+    def _operand_digits(self, n: int, width: int) -> list[int]:
+        """An operand as written: :meth:`_digits`, reversed with `reversed_operands`."""
+        digits = self._digits(n, width)
+        return digits[::-1] if self.reversed_operands else digits
+
     def canonical_input(self, text: str) -> str:
         """ "4 5 + 1 2 3" -> "0 4 5 + 1 2 3" with pad_operands (num_digits 3): both operands
         at the width the task writes them in, num_digits, or 2 * num_digits when one is longer
@@ -73,13 +82,18 @@ class AdditionTask(Task):
         if not self.pad_operands or len(operands) != 2 or not all(operands):
             return text
         width = self._widest(long=max(map(len, operands)) > self.num_digits)
-        return " + ".join(" ".join(o.zfill(width)) for o in operands)
+        pad = (
+            (lambda o: o.ljust(width, "0"))
+            if self.reversed_operands
+            else (lambda o: o.zfill(width))
+        )
+        return " + ".join(" ".join(pad(o)) for o in operands)
 
     def _generate(self, rng: np.random.Generator, long: bool) -> Example:
         a, b = self._operand(rng, long), self._operand(rng, long)
         width = self._widest(long) if self.pad_operands else 0
         plus = [self.vocab.token_id("+")]
-        source = self._digits(a, width) + plus + self._digits(b, width)
+        source = self._operand_digits(a, width) + plus + self._operand_digits(b, width)
         target = self._digits(a + b)
         return source, target[::-1] if self.reversed_answer else target
 

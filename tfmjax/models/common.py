@@ -195,14 +195,28 @@ def seen_positions(cfg: ModelConfig, positions, deterministic: bool, width: int)
     return table[jnp.clip(positions, 0, width - 1)]
 
 
-def abacus_places(module: nn.Module, ids, cfg: ModelConfig, deterministic: bool, carry=None):
-    """Abacus places of ``ids [B,T]`` (:func:`digit_runs`), shifted while training by a
-    random offset in ``[0, model.abacus_max_offset)`` per row (McLeish et al. 2024)."""
-    places = digit_runs(ids, cfg.digit_first_id, carry)
-    if deterministic or module.is_initializing():
-        return places
+def abacus_offset(module: nn.Module, batch: int, cfg: ModelConfig, deterministic: bool):
+    """The training offsets ``[B,1]`` of Abacus places, uniform in ``[0,
+    model.abacus_max_offset)`` per row, from the ``dropout`` stream; None when there are
+    none (another encoding, evaluation, init)."""
+    if cfg.position != "abacus" or deterministic or module.is_initializing():
+        return None
     key = module.make_rng("dropout")
-    offset = jax.random.randint(key, (ids.shape[0], 1), 0, cfg.abacus_max_offset)
+    return jax.random.randint(key, (batch, 1), 0, cfg.abacus_max_offset)
+
+
+def abacus_places(
+    module: nn.Module, ids, cfg: ModelConfig, deterministic: bool, carry=None, offset=None
+):
+    """Abacus places of ``ids [B,T]`` (:func:`digit_runs`), shifted while training by a
+    random offset per row (McLeish et al. 2024): ``offset [B,1]`` when given (an
+    encoder-decoder draws one for both sides, so an operand digit and the answer digit of
+    the same place value keep equal places), else drawn here (:func:`abacus_offset`)."""
+    places = digit_runs(ids, cfg.digit_first_id, carry)
+    if offset is None:
+        offset = abacus_offset(module, ids.shape[0], cfg, deterministic)
+    if offset is None:
+        return places
     return jnp.where(places > 0, places + offset, 0)
 
 
@@ -254,10 +268,19 @@ class Embedder(nn.Module):
         self.dropout = Dropout(dropout_rate_of(cfg, self.dropout_rate))
 
     def __call__(
-        self, ids, positions, *, deterministic: bool, token_types=None, side="encoder", carry=None
+        self,
+        ids,
+        positions,
+        *,
+        deterministic: bool,
+        token_types=None,
+        side="encoder",
+        carry=None,
+        abacus_offset=None,
     ):
         """``ids, positions [B,T]``; ``token_types [B,T]`` (default 0) if ``type_vocab_size``;
-        ``carry [B]``: abacus place of the token before ``ids`` (cached decoding)."""
+        ``carry [B]``: abacus place of the token before ``ids`` (cached decoding);
+        ``abacus_offset [B,1]``: training offsets shared with the other side (else drawn)."""
         cfg = self.cfg
         own = int(cfg.per_side_embeddings and side == "decoder")
         x = self.tokens(ids)
@@ -271,7 +294,7 @@ class Embedder(nn.Module):
             pe = self.learned[own](positions + cfg.position_offset).astype(x.dtype)
             x = x + hook(self, f"{side}.hook_pos_embed", pe)
         elif cfg.position == "abacus":
-            places = abacus_places(self, ids, cfg, deterministic, carry)
+            places = abacus_places(self, ids, cfg, deterministic, carry, abacus_offset)
             pe = self.learned[own](places).astype(x.dtype)
             x = x + hook(self, f"{side}.hook_pos_embed", pe)
         if cfg.type_vocab_size:

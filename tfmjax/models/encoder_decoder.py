@@ -32,6 +32,7 @@ from tfmjax.models.common import (
     Embedder,
     OutputHead,
     PositionExtras,
+    abacus_offset,
     init_self_attention_cache,
     make_stack,
     padding_segments,
@@ -93,7 +94,9 @@ class EncoderDecoder(Family, nn.Module):
             check_length(ids.shape[1], self.config, name)
             check_concrete_tokens(ids, self.config.vocab_size, name)
         input_segment_ids, segment_ids = self.segment_ids(batch)
-        encoded = self.encode(inputs, input_segment_ids)
+        # One Abacus offset per row for both sides: operand and answer places stay aligned.
+        offset = abacus_offset(self, inputs.shape[0], self.config, self.deterministic)
+        encoded = self.encode(inputs, input_segment_ids, abacus_offset=offset)
         decoder_in = shift_right(targets, segment_ids, self.config.bos_id)
         logits, _ = self.decode(
             decoder_in,
@@ -101,6 +104,7 @@ class EncoderDecoder(Family, nn.Module):
             segment_ids,
             encoded,
             input_segment_ids,
+            abacus_offset=offset,
         )
         return logits
 
@@ -114,15 +118,18 @@ class EncoderDecoder(Family, nn.Module):
             for side, key in (("input", "inputs"), ("target", "targets"))
         )
 
-    def encode(self, inputs, segment_ids=None):
+    def encode(self, inputs, segment_ids=None, abacus_offset=None):
         """``inputs [B,S]`` -> encoder output ``[B,S,D]``; ``segment_ids [B,S]`` (0 =
-        padding) default to 0 where an input is ``model.pad_id``."""
+        padding) default to 0 where an input is ``model.pad_id``; ``abacus_offset [B,1]``:
+        the training offsets of Abacus places (:func:`abacus_offset`)."""
         if segment_ids is None:
             segment_ids = padding_segments(inputs, self.config.pad_id)
         positions = token_positions(self, segment_ids, self.config, self.deterministic)
         slopes, bias = self.encoder_extras(inputs.shape[1], inputs.shape[1], 0, positions)
         positions = seen_positions(self.config, positions, self.deterministic, inputs.shape[1])
-        x = self.embedder(inputs, positions, deterministic=self.deterministic)
+        x = self.embedder(
+            inputs, positions, deterministic=self.deterministic, abacus_offset=abacus_offset
+        )
         x, _ = self.encoder(x, None, BlockInputs(positions, segment_ids, slopes, bias))
         x = self.encoder_norm(x) if self.config.norm_position == "pre" else x
         return hook(self, "encoder.hook_out", x)
@@ -136,9 +143,11 @@ class EncoderDecoder(Family, nn.Module):
         encoded_segment_ids,
         cache=None,
         carry=None,
+        abacus_offset=None,
     ):
         """Decoder over shifted ``input_ids [B,T]`` attending to ``encoded [B,S,D]``;
-        ``carry [B]``: the abacus place of the token before ``input_ids`` (decoding).
+        ``carry [B]``: the abacus place of the token before ``input_ids`` (decoding);
+        ``abacus_offset [B,1]``: the encoder's training offsets of Abacus places.
 
         Returns ``(logits [B,T,V], cache)``; the cache is per layer
         ``{"self": KV cache, "cross": {"k", "v"}}`` stacked over layers, or a tuple of
@@ -151,7 +160,12 @@ class EncoderDecoder(Family, nn.Module):
         slopes, bias = self.decoder_extras(T, kv_len, offset, positions, cached=cache is not None)
         positions = seen_positions(self.config, positions, self.deterministic, kv_len)
         x = self.embedder(
-            input_ids, positions, deterministic=self.deterministic, side="decoder", carry=carry
+            input_ids,
+            positions,
+            deterministic=self.deterministic,
+            side="decoder",
+            carry=carry,
+            abacus_offset=abacus_offset,
         )
         inputs = BlockInputs(
             positions,
