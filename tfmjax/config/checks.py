@@ -17,6 +17,24 @@ def require(ok: bool, field: str, value: Any, valid: str) -> None:
         raise ConfigError(f"{field}={value!r} is invalid: {valid}")
 
 
+def no_sparse_pattern(cfg: Any, attention: str) -> None:
+    """Refuse ``model.window``, ``attention_stride`` and ``global_tokens`` for an attention
+    variant without block-sparse patterns (``cfg``: the ModelConfig), naming the field."""
+    for field in ("window", "attention_stride"):
+        require(
+            getattr(cfg, field) is None,
+            f"model.{field}",
+            getattr(cfg, field),
+            f"sparse patterns apply to softmax and mla attention, not {attention}",
+        )
+    require(
+        cfg.global_tokens == 0,
+        "model.global_tokens",
+        cfg.global_tokens,
+        f"sparse patterns apply to softmax and mla attention, not {attention}",
+    )
+
+
 def one_of(field: str, value: Any, options: tuple) -> None:
     """``value`` must be one of ``options``."""
     require(value in options, field, value, f"must be one of {', '.join(map(str, options))}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfmjax.config.checks import require
+from tfmjax.config.checks import no_sparse_pattern, require
 from tfmjax.config.choices import CAUSAL_ONLY_ATTENTIONS
 
 # Positions each mixer cannot take: score biases (no score matrix over keys to add them to)
@@ -53,19 +53,7 @@ def check_recurrent_mixer(cfg: Any) -> None:
             if p not in REFUSED_POSITIONS[name]
         ),
     )
-    for field in ("window", "attention_stride"):
-        require(
-            getattr(cfg, field) is None,
-            f"model.{field}",
-            getattr(cfg, field),
-            f"sparse patterns apply to softmax and mla attention, not {name}",
-        )
-    require(
-        cfg.global_tokens == 0,
-        "model.global_tokens",
-        cfg.global_tokens,
-        f"sparse patterns apply to softmax and mla attention, not {name}",
-    )
+    no_sparse_pattern(cfg, name)
     if name == "retention":
         require(
             cfg.num_kv_heads in (None, cfg.num_heads),

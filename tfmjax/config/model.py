@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfmjax.config.checks import check_types, one_of, positive, require
+from tfmjax.config.checks import check_types, no_sparse_pattern, one_of, positive, require
 from tfmjax.config.choices import (
     ACTIVATIONS,
     ATTENTION_IMPLS,
@@ -381,19 +381,7 @@ class ModelConfig:
                 "linear attention has no score matrix to add a position bias to: use "
                 "sinusoidal, learned, rope or none",
             )
-            for name in ("window", "attention_stride"):
-                require(
-                    getattr(self, name) is None,
-                    f"model.{name}",
-                    getattr(self, name),
-                    "sparse patterns apply to softmax and mla attention, not linear",
-                )
-            require(
-                self.global_tokens == 0,
-                "model.global_tokens",
-                self.global_tokens,
-                "sparse patterns apply to softmax and mla attention, not linear",
-            )
+            no_sparse_pattern(self, "linear")
 
     def _check_cudnn(self) -> None:
         """What cuDNN's fused attention cannot do (tfmjax.kernels.cudnn_attention), refused

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfmjax.config.checks import require
+from tfmjax.config.checks import no_sparse_pattern, require
 from tfmjax.config.choices import BIDIRECTIONAL_ONLY_ATTENTIONS
 
 DEFAULT_LANDMARKS = 8
@@ -56,19 +56,7 @@ def check_nystrom(cfg: Any) -> None:
         f"model.attention={name!r} has no full score matrix to add a position bias to: use "
         "sinusoidal, learned, rope, abacus or none",
     )
-    for field in ("window", "attention_stride"):
-        require(
-            getattr(cfg, field) is None,
-            f"model.{field}",
-            getattr(cfg, field),
-            f"sparse patterns apply to softmax and mla attention, not {name}",
-        )
-    require(
-        cfg.global_tokens == 0,
-        "model.global_tokens",
-        cfg.global_tokens,
-        f"sparse patterns apply to softmax and mla attention, not {name}",
-    )
+    no_sparse_pattern(cfg, name)
     if cfg.family == "encoder_only":
         require(
             cfg.attention_impl == "auto",

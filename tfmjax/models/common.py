@@ -195,7 +195,7 @@ def seen_positions(cfg: ModelConfig, positions, deterministic: bool, width: int)
     return table[jnp.clip(positions, 0, width - 1)]
 
 
-def abacus_offset(module: nn.Module, batch: int, cfg: ModelConfig, deterministic: bool):
+def draw_abacus_offset(module: nn.Module, batch: int, cfg: ModelConfig, deterministic: bool):
     """The training offsets ``[B,1]`` of Abacus places, uniform in ``[0,
     model.abacus_max_offset)`` per row, from the ``dropout`` stream; None when there are
     none (another encoding, evaluation, init)."""
@@ -211,10 +211,10 @@ def abacus_places(
     """Abacus places of ``ids [B,T]`` (:func:`digit_runs`), shifted while training by a
     random offset per row (McLeish et al. 2024): ``offset [B,1]`` when given (an
     encoder-decoder draws one for both sides, so an operand digit and the answer digit of
-    the same place value keep equal places), else drawn here (:func:`abacus_offset`)."""
+    the same place value keep equal places), else drawn here (:func:`draw_abacus_offset`)."""
     places = digit_runs(ids, cfg.digit_first_id, carry)
     if offset is None:
-        offset = abacus_offset(module, ids.shape[0], cfg, deterministic)
+        offset = draw_abacus_offset(module, ids.shape[0], cfg, deterministic)
     if offset is None:
         return places
     return jnp.where(places > 0, places + offset, 0)

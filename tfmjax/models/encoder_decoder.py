@@ -32,7 +32,7 @@ from tfmjax.models.common import (
     Embedder,
     OutputHead,
     PositionExtras,
-    abacus_offset,
+    draw_abacus_offset,
     init_self_attention_cache,
     make_stack,
     padding_segments,
@@ -95,7 +95,7 @@ class EncoderDecoder(Family, nn.Module):
             check_concrete_tokens(ids, self.config.vocab_size, name)
         input_segment_ids, segment_ids = self.segment_ids(batch)
         # One Abacus offset per row for both sides: operand and answer places stay aligned.
-        offset = abacus_offset(self, inputs.shape[0], self.config, self.deterministic)
+        offset = draw_abacus_offset(self, inputs.shape[0], self.config, self.deterministic)
         encoded = self.encode(inputs, input_segment_ids, abacus_offset=offset)
         decoder_in = shift_right(targets, segment_ids, self.config.bos_id)
         logits, _ = self.decode(
@@ -121,7 +121,7 @@ class EncoderDecoder(Family, nn.Module):
     def encode(self, inputs, segment_ids=None, abacus_offset=None):
         """``inputs [B,S]`` -> encoder output ``[B,S,D]``; ``segment_ids [B,S]`` (0 =
         padding) default to 0 where an input is ``model.pad_id``; ``abacus_offset [B,1]``:
-        the training offsets of Abacus places (:func:`abacus_offset`)."""
+        the training offsets of Abacus places (:func:`draw_abacus_offset`)."""
         if segment_ids is None:
             segment_ids = padding_segments(inputs, self.config.pad_id)
         positions = token_positions(self, segment_ids, self.config, self.deterministic)
