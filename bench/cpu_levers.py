@@ -15,6 +15,7 @@ Variants, joined with "+" (e.g. ``unroll+flat``):
   scanloop   the scanned layers as a loop (a stack of up to UNROLL_MAX_LAYERS is unrolled)
   unroll     ``model.scan_layers=false``; ``remat``: ``model.remat=true``
   blockwise, reference   ``model.attention_impl`` (the default picks xla at T=64)
+  tanhgelu   the tanh GELU in place of the exact (erf) one: a probe of erf's share only
   noxnn, onednn, noeigenmt, fastmath, vw512   XLA:CPU options for this compile only
 """
 
@@ -51,6 +52,7 @@ MODEL = {
     "remat": {"remat": True},
     "blockwise": {"attention_impl": "blockwise"},
     "reference": {"attention_impl": "reference"},
+    "tanhgelu": {"activation": "gelu_tanh"},  # a probe of erf's share: other numerics
 }
 OPTIONS = {
     "noxnn": {"xla_cpu_use_xnnpack": False},

@@ -1,9 +1,11 @@
 """Training throughput: tokens/s and model FLOP/s, as a ratio to a 2048^2 fp32 matmul; and
 the training loop's step rate with K steps a call and batches built ahead.
 
-    python bench/train.py [--repeats 3] [--only shakespeare_char|vaswani|reverse]
+    python bench/train.py [--repeats 3] [--only SHAPE ...]
 
-Two shapes, each one jitted ``train_step`` (AdamW, clipping, dropout off, fp32):
+Shapes (``--only``): shakespeare_char, reverse_encdec, reverse_decoder, vaswani, and reverse
+(the training loop, below). Each shape is one jitted ``train_step`` (AdamW, clipping,
+dropout off, fp32):
   shakespeare_char  the model and batch configs/shakespeare_char.toml trains (read from it):
                     decoder-only, 4 layers, 4 heads, width 128, FFN 512, context 64, batch 12,
                     vocabulary 96, no biases, tied embeddings, learned positions, GELU,
@@ -12,6 +14,7 @@ Two shapes, each one jitted ``train_step`` (AdamW, clipping, dropout off, fp32):
   vaswani           encoder-decoder 6+6 layers, width 512, 8 heads, FFN 2048, vocabulary 37000,
                     source/target length 32/32, batch 8 (Vaswani et al. 2017 base
                     hyper-parameters)
+  reverse_encdec, reverse_decoder   configs/reverse.toml and configs/reverse_decoder.toml
 
 Model FLOPs per step (PaLM appendix B convention, no rematerialisation counted):
   6 * sum over matmul weights W of |W| * (tokens that pass through W)
@@ -34,14 +37,16 @@ loop's own work (batches, prefetch thread, calls) in one process on one state, t
 "before" (a jitted step per batch built in the loop, the old loop) in turn, 64 steps each:
 paired seconds apart, this is the part to trust on a busy machine.
 
-Hugging Face (``pip install 'tfmjax[bench]'``: torch + transformers): with shakespeare_char,
-``GPT2LMHeadModel`` training on the same shape is timed in the same run (exact-erf "gelu" as
-tfmjax's "gelu", no dropout, tied embeddings, ``torch.optim.AdamW`` with the same settings on
-every parameter, gradient clipping at 1.0, loss ``model(ids, labels=ids)`` on random [12, 64]
-batches, so the same tokens per step), with torch's thread count the faster of 1 and the
-default on a warm-up. GPT-2 has a bias in every linear layer, the tfmjax model none (both
-have LayerNorm offsets): both parameter counts are printed. Skipped when torch or
-transformers is missing.
+PyTorch side by side (``pip install 'tfmjax[bench]'``: torch + transformers; skipped when
+missing): each shape with a twin is followed by a PyTorch model of the same sizes trained the
+same way in the same run (``bench/torch_twins.py``), and the ratio tfmjax/PyTorch is printed
+by wall tokens/s and by process CPU time:
+  shakespeare_char, reverse_decoder  Hugging Face ``GPT2LMHeadModel`` (a bias in every linear
+                                     layer, the tfmjax shakespeare_char model none: both
+                                     parameter counts are printed)
+  reverse_encdec                     ``torch.nn.Transformer`` (pre-LN, ReLU, sinusoidal)
+reverse_encdec and reverse_decoder are the models, batches and AdamW settings of
+configs/reverse.toml and configs/reverse_decoder.toml (the learning rate held constant).
 
 Variants of the shakespeare_char step (folded matmuls, the scanned loop, optax.flatten,
 attention implementations, XLA:CPU options) are compared paired in bench/cpu_levers.py.
@@ -51,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import statistics
 import sys
@@ -67,15 +73,43 @@ from tfmjax.config import ModelConfig, OptimConfig  # noqa: E402
 from tfmjax.config import load as load_config  # noqa: E402
 from tfmjax.models import build, get_preset  # noqa: E402
 from tfmjax.train.optimizer import make_optimizer  # noqa: E402
+from tfmjax.train.run import build_run  # noqa: E402
 from tfmjax.train.state import create_state  # noqa: E402
 from tfmjax.train.step import jit_train_step, make_train_step  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_torch_twins", Path(__file__).with_name("torch_twins.py")
+)
+torch_twins = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_twins)  # the PyTorch models of the same sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT / "configs" / "shakespeare_char.toml"
 REVERSE = ROOT / "configs" / "reverse.toml"
+REVERSE_DECODER = ROOT / "configs" / "reverse_decoder.toml"
 LOOP_VARIANTS = [(1, False), (1, True), (16, False), (16, True)]  # (steps_per_call, prefetch)
 LOOP_LOG_EVERY = 80
 _shakespeare = load_config(SHAKESPEARE)
+
+
+def _config_shape(path: Path, twin: str, steps: int) -> dict:
+    """The model, batch size and sequence lengths ``path`` trains, and its AdamW settings."""
+    experiment = load_config(path)
+    batch = build_run(experiment).batch(0)
+    if experiment.model.family == "encoder_decoder":
+        src, tgt = batch["inputs"].shape[1], batch["targets"].shape[1]
+    else:
+        src, tgt = 0, batch["tokens"].shape[1]
+    return dict(
+        config=experiment.model,
+        batch=experiment.data.batch_size,
+        src=src,
+        tgt=tgt,
+        steps=steps,
+        optim=experiment.optim,  # its AdamW settings, the learning rate held constant
+        twin=twin,  # the PyTorch model of the same sizes timed beside it
+    )
+
 
 SHAPES = {
     "shakespeare_char": dict(
@@ -85,8 +119,10 @@ SHAPES = {
         tgt=_shakespeare.data.task_params["context"],
         steps=20,
         optim=_shakespeare.optim,  # its AdamW settings, the learning rate held constant
-        hf=True,  # also time Hugging Face GPT-2 training on this shape
+        twin="gpt2",  # also time Hugging Face GPT-2 training on this shape
     ),
+    "reverse_encdec": _config_shape(REVERSE, "transformer", steps=20),
+    "reverse_decoder": _config_shape(REVERSE_DECODER, "gpt2", steps=20),
     "vaswani": dict(
         config=dataclasses.replace(get_preset("vaswani-base"), dropout_rate=0.0),
         batch=8,
@@ -96,8 +132,6 @@ SHAPES = {
         optim=OptimConfig(learning_rate=1e-4, weight_decay=0.01),
     ),
 }
-# tfmjax activation -> GPT-2's activation_function: "gelu" is the exact (erf) GELU in both.
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
 def random_batch(cfg: ModelConfig, batch: int, src: int, tgt: int, seed: int = 0) -> dict:
@@ -195,7 +229,12 @@ def bench_shape(name: str, spec: dict, repeats: int) -> dict:
             s, _ = step(s, batch)
         holder[0] = jax.block_until_ready(s)
 
-    per_step = [t / spec["steps"] for t in timed(run_steps, repeats)]
+    per_step, cpu = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        run_steps()
+        per_step.append((time.perf_counter() - start) / spec["steps"])
+        cpu.append((time.process_time() - start_cpu) / spec["steps"])
     step_s = statistics.median(per_step)
     return {
         "name": name,
@@ -205,90 +244,9 @@ def bench_shape(name: str, spec: dict, repeats: int) -> dict:
         "compile_s": compile_s,
         "step_ms": step_s * 1e3,
         "best_step_ms": min(per_step) * 1e3,
+        "cpu_ms": statistics.median(cpu) * 1e3,
         "gflop": flops / 1e9,
         "gflops": flops / step_s / 1e9,
-    }
-
-
-def bench_hf(spec: dict, repeats: int) -> dict | None:
-    """Hugging Face ``GPT2LMHeadModel`` training on ``spec``'s decoder-only shape: per-step
-    seconds (median and best of ``repeats`` runs of ``steps`` steps), parameter count, torch
-    threads; None without torch/transformers."""
-    try:
-        import torch
-        import transformers
-        from transformers import GPT2Config, GPT2LMHeadModel
-    except ImportError:
-        return None
-    cfg, o, B, T = spec["config"], spec["optim"], spec["batch"], spec["tgt"]
-    torch.manual_seed(0)
-    hf_cfg = GPT2Config(
-        vocab_size=cfg.vocab_size,
-        n_positions=cfg.max_len,
-        n_embd=cfg.d_model,
-        n_layer=cfg.num_layers,
-        n_head=cfg.num_heads,
-        n_inner=cfg.d_ff,
-        activation_function=HF_ACTIVATIONS[cfg.activation],
-        layer_norm_epsilon=cfg.norm_eps,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        tie_word_embeddings=cfg.tie_embeddings,
-        bos_token_id=cfg.bos_id,  # GPT-2's own 50256 lies outside this vocabulary
-        eos_token_id=2,
-    )
-    model = GPT2LMHeadModel(hf_cfg).train()
-    model.loss_type = "ForCausalLM"  # the loss it falls back to anyway, without a warning
-    opt = torch.optim.AdamW(
-        model.parameters(),
-        lr=o.learning_rate,
-        betas=(o.b1, o.b2),
-        eps=o.eps,
-        weight_decay=o.weight_decay,
-    )
-    n_params = sum(p.numel() for p in model.parameters())  # tied weights counted once
-    # A few random batches, made before the clock starts and used in turn (the jax side
-    # reuses one random batch: the cost of a step does not depend on the ids).
-    batches = [torch.randint(5, cfg.vocab_size, (B, T)) for _ in range(4)]
-
-    def train_steps(n: int) -> None:
-        for i in range(n):
-            ids = batches[i % len(batches)]
-            loss = model(input_ids=ids, labels=ids).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if o.clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), o.clip_norm)
-            opt.step()
-        assert torch.isfinite(loss), loss
-
-    # torch's OpenMP threads spin-wait: on a busy machine fewer threads can be much faster.
-    # Give HF its best thread count, found on a short warm-up (as bench/decode.py does).
-    default_threads = torch.get_num_threads()
-    trials = {}
-    for threads in sorted({1, default_threads}):
-        torch.set_num_threads(threads)
-        train_steps(3)
-        start = time.perf_counter()
-        train_steps(5)
-        trials[threads] = time.perf_counter() - start
-    best_threads = min(trials, key=trials.get)
-    torch.set_num_threads(best_threads)
-    train_steps(3)
-    per_step = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        train_steps(spec["steps"])
-        per_step.append((time.perf_counter() - start) / spec["steps"])
-    return {
-        "params": n_params,
-        "step_ms": statistics.median(per_step) * 1e3,
-        "best_step_ms": min(per_step) * 1e3,
-        "threads": best_threads,
-        "default_threads": default_threads,
-        "attn": model.config._attn_implementation,
-        "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
     }
 
 
@@ -357,7 +315,6 @@ def bench_loop_paired(rounds: int, segment: int = 64) -> dict:
     Median steps/s and the median of each round's ratio to "before"."""
     from tfmjax.train.loop import call_spans
     from tfmjax.train.prefetch import Prefetcher
-    from tfmjax.train.run import build_run
 
     run = build_run(load_config(REVERSE, [f"train.log_every={LOOP_LOG_EVERY}"]))
     holder = [create_state(run.model, run.tx, run.batch(0), 0, run.state_shardings), 0]
@@ -427,24 +384,33 @@ def print_loop_paired(rows: dict, rounds: int) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=[*sorted(SHAPES), "reverse"], default=None)
+    parser.add_argument(
+        "--only", nargs="+", choices=[*SHAPES, "reverse"], help="shapes to run (default: all)"
+    )
     parser.add_argument(
         "--loop-steps", type=int, default=400, help="steps of each reverse run (a multiple of 80)"
     )
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s))")
-    if args.only in (None, "reverse"):
+    only = set(args.only or [*SHAPES, "reverse"])
+    if "reverse" in only:
         rows = bench_loop(args.repeats, args.loop_steps)
         print_loop(rows, args.repeats, args.loop_steps)
         rounds = max(6, 2 * args.repeats)
         print_loop_paired(bench_loop_paired(rounds), rounds)
-        if args.only == "reverse":
-            return 0
-    chosen = {n: s for n, s in SHAPES.items() if args.only in (None, n)}
+    chosen = {n: s for n, s in SHAPES.items() if n in only}
+    if not chosen:
+        return 0
     before = matmul_gflops(args.repeats)
     rows = [bench_shape(n, s, args.repeats) for n, s in chosen.items()]
-    # Hugging Face right after the jax shapes, inside the two reference matmuls.
-    hf = {n: bench_hf(s, args.repeats) for n, s in chosen.items() if s.get("hf")}
+    # The PyTorch twins right after the jax shapes, inside the two reference matmuls.
+    twins = {}
+    if torch_twins.available():
+        for name, spec in chosen.items():
+            if "twin" in spec:
+                batch = random_batch(spec["config"], spec["batch"], spec["src"], spec["tgt"])
+                args_ = (spec["twin"], spec["config"], spec["optim"], batch, spec["steps"])
+                twins[name] = torch_twins.time_training(*args_, args.repeats)
     after = matmul_gflops(args.repeats)
     ref = statistics.median([before[0], after[0]])
     print(
@@ -472,28 +438,19 @@ def main(argv=None) -> int:
         "tokens/s counts every position the step computes on: B*T (decoder-only), "
         "B*(S+T) (encoder-decoder)."
     )
-    for name, h in hf.items():
-        if h is None:
-            print("HF: skipped (torch/transformers not importable; pip install 'tfmjax[bench]')")
-            continue
+    if not torch_twins.available():
+        print("PyTorch: skipped (torch/transformers not importable; pip install 'tfmjax[bench]')")
+    for name, h in twins.items():
         r = next(r for r in rows if r["name"] == name)
         spec = SHAPES[name]
         ours, theirs = r["tokens"] / r["step_ms"] * 1e3, r["tokens"] / h["step_ms"] * 1e3
         print(
-            f"HF: {h['versions']}; GPT2LMHeadModel training on the {name} shape "
-            f"(activation_function={HF_ACTIVATIONS[spec['config'].activation]!r}, attention "
-            f"{h['attn']!r}, dropout 0, tied embeddings, torch.optim.AdamW on every parameter, "
-            f"clipping {spec['optim'].clip_norm}); torch threads {h['threads']} (the faster of "
-            f"1 and the default {h['default_threads']} on a warm-up)"
-        )
-        print(
-            f"HF: params {h['params']:,} (GPT-2: a bias in every linear layer) vs tfmjax "
-            f"{r['params']:,} (no linear-layer biases; both have LayerNorm offsets)"
-        )
-        print(
-            f"HF: step {h['step_ms']:.1f} ms (best {h['best_step_ms']:.1f}), "
-            f"{theirs:,.0f} tokens/s vs tfmjax {ours:,.0f} tokens/s: "
-            f"tfmjax/HF {ours / theirs:.2f}x"
+            f"{name} vs {torch_twins.TWIN_NAMES[spec['twin']]} ({h['versions']}, torch threads "
+            f"{h['threads']}: the faster of 1 and {h['default_threads']} on a warm-up): params "
+            f"{h['params']:,} vs tfmjax {r['params']:,}; step {h['step_ms']:.1f} ms (best "
+            f"{h['best_step_ms']:.1f}), {theirs:,.0f} tokens/s vs tfmjax {ours:,.0f}: "
+            f"tfmjax/PyTorch {ours / theirs:.2f}x by wall, {h['cpu_ms'] / r['cpu_ms']:.2f}x by "
+            f"process CPU time ({r['cpu_ms']:.1f} vs {h['cpu_ms']:.1f} ms a step)"
         )
     return 0
 
