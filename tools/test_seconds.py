@@ -20,7 +20,8 @@ import json
 import re
 from pathlib import Path
 
-LINE = re.compile(r"^\s*([\d.]+)s (?:call|setup|teardown)\s+((\S+?\.py)::\S+)")
+# a node id runs to the end of the line: parametrize ids may hold spaces ({'a': 1, 'b': 2})
+LINE = re.compile(r"^\s*([\d.]+)s (?:call|setup|teardown)\s+((\S+?\.py)::.+?)\s*$")
 OUT = Path(__file__).resolve().parents[1] / "tests" / "module_seconds.json"
 SLOW_LIST = OUT.parent / "slow_tests.txt"
 
