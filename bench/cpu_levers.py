@@ -16,6 +16,8 @@ Variants, joined with "+" (e.g. ``unroll+flat``):
   unroll     ``model.scan_layers=false``; ``remat``: ``model.remat=true``
   blockwise, reference   ``model.attention_impl`` (the default picks xla at T=64)
   tanhgelu   the tanh GELU in place of the exact (erf) one: a probe of erf's share only
+  headmajor  the xla attention's two einsums as 3-D matmuls over one folded batch axis
+             ([B*K, G*T, H] x [B*K, H, S]), the transposes written out
   noxnn, onednn, noeigenmt, fastmath, vw512   XLA:CPU options for this compile only
 """
 
@@ -35,6 +37,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
+import tfmjax.kernels.xla as xla_kernel  # noqa: E402
 import tfmjax.layers.attention as attention_module  # noqa: E402
 import tfmjax.layers.embeddings as embeddings_module  # noqa: E402
 import tfmjax.layers.mlp as mlp_module  # noqa: E402
@@ -68,11 +71,39 @@ def unfolded_logits(x, table):
     return jnp.einsum("BTD,VD->BTV", x, table, preferred_element_type=jnp.float32)
 
 
+class HeadMajorNumpy:
+    """``jax.numpy`` for the xla kernel, but its two attention einsums folded: the heads'
+    batch axes (B, K) become one leading axis of a 3-D matmul."""
+
+    def __getattr__(self, name):
+        return getattr(jnp, name)
+
+    @staticmethod
+    def einsum(spec, a, b, preferred_element_type=None):
+        fold = (((2,), (1,)), ((0,), (0,)))  # [X, M, C] x [X, C, N] -> [X, M, N]
+        if spec == "BTKGH,BSKH->BKGTS":
+            B, T, K, G, H = a.shape
+            q = a.transpose(0, 2, 3, 1, 4).reshape(B * K, G * T, H)
+            k = b.transpose(0, 2, 3, 1).reshape(B * K, H, b.shape[1])
+            out = jax.lax.dot_general(q, k, fold, preferred_element_type=preferred_element_type)
+            return out.reshape(B, K, G, T, -1)
+        if spec == "BKGTS,BSKH->BTKGH":
+            B, K, G, T, S = a.shape
+            v = b.transpose(0, 2, 1, 3).reshape(B * K, S, b.shape[-1])
+            out = jax.lax.dot_general(
+                a.reshape(B * K, G * T, S), v, fold, preferred_element_type=preferred_element_type
+            )
+            return out.reshape(B, K, G, T, -1).transpose(0, 3, 1, 2, 4)
+        return jnp.einsum(spec, a, b, preferred_element_type=preferred_element_type)
+
+
 def compile_variant(name: str, spec: dict, batch: dict):
     """``(compiled step, state)`` of one variant."""
     parts = name.split("+")
     unknown = [
-        p for p in parts if p not in (*MODEL, *OPTIONS, "base", "flat", "nofold", "scanloop")
+        p
+        for p in parts
+        if p not in (*MODEL, *OPTIONS, "base", "flat", "nofold", "scanloop", "headmajor")
     ]
     if unknown:
         raise SystemExit(f"unknown variant part {unknown[0]!r}; see --help")
@@ -93,6 +124,8 @@ def compile_variant(name: str, spec: dict, batch: dict):
     plain_scan = stack_module.nn.scan
     if "scanloop" in parts:  # the scanned stack as a loop, as before UNROLL_MAX_LAYERS
         stack_module.nn.scan = lambda *args, **kw: plain_scan(*args, **{**kw, "unroll": 1})
+    if "headmajor" in parts:
+        xla_kernel.jnp = HeadMajorNumpy()
     try:
         lowered = jax.jit(step, donate_argnums=0).lower(state, batch)
         compiled = lowered.compile(compiler_options=options)
@@ -100,6 +133,7 @@ def compile_variant(name: str, spec: dict, batch: dict):
         mlp_module.folded_dot_general, attention_module.folded_dot_general = saved
         embeddings_module.tied_logits = saved_logits
         stack_module.nn.scan = plain_scan
+        xla_kernel.jnp = jnp
     return compiled, state
 
 
