@@ -19,8 +19,10 @@ Hugging Face (``pip install 'tfmjax[bench]'``: torch + transformers) runs
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,12 @@ import numpy as np
 
 from tfmjax.decode import Greedy, full_logits, generate
 from tfmjax.models import build, preset
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_torch_twins", Path(__file__).with_name("torch_twins.py")
+)
+torch_twins = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_twins)  # the PyTorch models of the same sizes
 
 _COMPILE_SECONDS = []  # trace + lowering + XLA compile time of every jit compile
 jax.monitoring.register_event_duration_secs_listener(
@@ -75,23 +83,12 @@ def bench_uncached(model, params, prompts, new_tokens, points):
 def bench_hf(cfg, batch, prompt_len, new_tokens, repeats):
     """(seconds, torch threads) for GPT2LMHeadModel.generate (greedy, KV cache); None
     without torch."""
-    try:
-        import torch
-        from transformers import GPT2Config, GPT2LMHeadModel
-    except ImportError:
+    if not torch_twins.available():
         return None
+    import torch
+
     torch.manual_seed(0)
-    hf_cfg = GPT2Config(
-        vocab_size=cfg.vocab_size,
-        n_positions=cfg.max_len,
-        n_embd=cfg.d_model,
-        n_layer=cfg.num_layers,
-        n_head=cfg.num_heads,
-        n_inner=cfg.d_ff,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    model = GPT2LMHeadModel(hf_cfg).eval()
+    model = torch_twins.gpt2(cfg)[0].eval()  # the same sizes and activation as ``cfg``
     ids = torch.randint(5, cfg.vocab_size, (batch, prompt_len))
     mask = torch.ones_like(ids)
 
