@@ -104,17 +104,7 @@ def bench_hf(cfg, batch, prompt_len, new_tokens, repeats):
                 pad_token_id=0,
             )
 
-    # torch's OpenMP threads spin-wait: on a busy machine fewer threads can be much faster.
-    # Give HF its best thread count, found on a short warm-up run.
-    trials = {}
-    for threads in sorted({1, torch.get_num_threads()}):
-        torch.set_num_threads(threads)
-        run(4)
-        start = time.perf_counter()
-        run(8)
-        trials[threads] = time.perf_counter() - start
-    best_threads = min(trials, key=trials.get)
-    torch.set_num_threads(best_threads)
+    best_threads = torch_twins.set_fastest_threads(run, warm=4, timed=8)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

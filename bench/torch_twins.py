@@ -112,11 +112,28 @@ TWINS = {"gpt2": gpt2, "transformer": transformer}
 TWIN_NAMES = {"gpt2": "Hugging Face GPT2LMHeadModel", "transformer": "torch.nn.Transformer"}
 
 
+def set_fastest_threads(run, warm: int, timed: int) -> int:
+    """Set torch's thread count to the faster of 1 and its default on ``run(warm)`` then a
+    timed ``run(timed)``, and return it. torch's OpenMP threads spin-wait: on a busy machine
+    fewer threads can be much faster."""
+    import torch
+
+    trials = {}
+    for threads in sorted({1, torch.get_num_threads()}):
+        torch.set_num_threads(threads)
+        run(warm)
+        start = time.perf_counter()
+        run(timed)
+        trials[threads] = time.perf_counter() - start
+    best = min(trials, key=trials.get)
+    torch.set_num_threads(best)
+    return best
+
+
 def time_training(twin: str, cfg, optim, batch: dict, steps: int, repeats: int) -> dict:
     """Train ``TWINS[twin](cfg)`` on ``batch`` (numpy arrays, the shapes tfmjax trains on):
     per-step wall and process-CPU milliseconds (medians and best of ``repeats`` runs of
-    ``steps`` steps), the parameter count and the thread count (the faster of 1 and torch's
-    default on a warm-up: OpenMP threads spin-wait, so on a busy machine fewer can be faster)."""
+    ``steps`` steps), the parameter count and the thread count (``set_fastest_threads``)."""
     import torch
     import transformers
 
@@ -142,15 +159,7 @@ def time_training(twin: str, cfg, optim, batch: dict, steps: int, repeats: int) 
         assert torch.isfinite(loss), loss
 
     default_threads = torch.get_num_threads()
-    trials = {}
-    for threads in sorted({1, default_threads}):
-        torch.set_num_threads(threads)
-        train_steps(3)
-        start = time.perf_counter()
-        train_steps(5)
-        trials[threads] = time.perf_counter() - start
-    best_threads = min(trials, key=trials.get)
-    torch.set_num_threads(best_threads)
+    best_threads = set_fastest_threads(train_steps, warm=3, timed=5)
     train_steps(3)
     wall, cpu = [], []
     for _ in range(repeats):
