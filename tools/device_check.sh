@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One short, prepared run on a lent GPU machine (about 9 minutes): versions, the GPU-only
+# One short, prepared run on a lent GPU machine (about 7 minutes): versions, the GPU-only
 # tests, then bench/device.py section by section, each under its own time limit so that one
 # slow section cannot take the others' results with it. Writes under $OUT (default
 # /tmp/device-out): env.txt, gpu_tests.log, <section>/<platform>-<device>.json, sections.log.
@@ -35,7 +35,7 @@ section() {  # section NAME SECONDS ARGS...: one bench/device.py run, its JSON i
 }
 
 echo "== gpu tests $(date -u +%T)"
-JAX_PLATFORMS=cuda timeout 90 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+JAX_PLATFORMS=cuda timeout 150 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
     tests/kernels/test_gpu.py "tests/kernels/test_cudnn.py::test_gpu_values_and_grads_match_xla" \
     >"$OUT/gpu_tests.log" 2>&1
 echo "== gpu tests exit $?"
