@@ -13,7 +13,8 @@ on the same arrays; the two are timed in turn, ``--rounds`` rounds of a batch of
 and the ratio is the median over the rounds of torch time / XLA time (above 1: XLA faster).
 The last lines weigh each form by how often a step runs it, giving the step's matmul
 milliseconds in each library: compare them with the step times of ``bench/train.py``.
-torch runs at the thread count it picks fastest for the first shape (1 or all cores).
+torch runs at the thread count it picks fastest for the first shape (1 or all cores;
+``bench/torch_twins.set_fastest_threads``).
 Needs torch (``pip install 'tfmjax[bench]'``).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import statistics
 import sys
 import time
@@ -36,6 +38,11 @@ from tfmjax.config import load  # noqa: E402
 from tfmjax.train.run import build_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "bench_torch_twins", Path(__file__).with_name("torch_twins.py")
+)
+torch_twins = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_twins)  # its thread-count trial
 
 # lax.dot_general dimension numbers of the three forms, and the same product in torch
 FORMS = {
@@ -46,11 +53,15 @@ FORMS = {
 
 
 def step_matmuls(path: Path) -> tuple[int, list[tuple[str, int, int, int]]]:
-    """``(M, [(name, K, N, count a step)])``: the dense layers of a decoder-only config."""
+    """``(M, [(name, K, N, count a step)])``: the dense layers of a decoder-only config
+    (softmax attention, dense feed-forwards; others are refused in one line)."""
     experiment = load(path)
     m = experiment.model
-    if m.family != "decoder_only":
-        raise SystemExit(f"{path}: bench/gemm.py reads decoder-only configs (got {m.family})")
+    if m.family != "decoder_only" or m.attention != "softmax" or m.moe_experts:
+        raise SystemExit(
+            f"{path}: bench/gemm.py reads decoder-only configs with softmax attention and dense "
+            f"feed-forwards (got {m.family}, attention {m.attention}, {m.moe_experts} experts)"
+        )
     rows = build_run(experiment).batch(0)["tokens"].size  # batch * context
     heads, kv = m.num_heads * m.head_width, m.kv_heads * m.head_width
     up = 2 if m.activation == "swiglu" else 1
@@ -89,21 +100,6 @@ def paired_seconds(xla_call, torch_call, rounds: int, calls: int) -> tuple[float
     return statistics.median(xla_times), statistics.median(torch_times), ratio
 
 
-def fastest_torch_threads(torch, a, b) -> int:
-    """1 or all cores, whichever runs ``a @ b`` faster."""
-    best = {}
-    for threads in sorted({1, torch.get_num_threads()}):
-        torch.set_num_threads(threads)
-        a @ b
-        start = time.perf_counter()
-        for _ in range(50):
-            a @ b
-        best[threads] = time.perf_counter() - start
-    threads = min(best, key=best.get)
-    torch.set_num_threads(threads)
-    return threads
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "shakespeare_char.toml")
@@ -118,7 +114,13 @@ def main(argv=None) -> int:
     rows, layers = step_matmuls(args.config)
     rng = np.random.default_rng(0)
     a, b = operands("forward", rows, layers[0][1], layers[0][2], rng)
-    threads = fastest_torch_threads(torch, torch.from_numpy(a), torch.from_numpy(b))
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+
+    def products(n: int) -> None:
+        for _ in range(n):
+            ta @ tb
+
+    threads = torch_twins.set_fastest_threads(products, warm=1, timed=50)
     print(
         f"{args.config.name}: M = {rows} rows, float32; jax {jax.__version__} "
         f"({jax.devices()[0].platform}), torch {torch.__version__} ({threads} thread(s)); "

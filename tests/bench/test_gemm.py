@@ -24,8 +24,8 @@ def test_the_listed_matmuls_are_the_models_matmul_weights(config):
     path = ROOT / "configs" / config
     rows, layers = gemm.step_matmuls(path)
     experiment = load(path)
-    tokens = build_run(experiment).batch(0)["tokens"]
-    assert rows == experiment.data.batch_size * tokens.shape[1]
+    context = build_run(experiment).batch(0)["tokens"].shape[1]
+    assert rows == experiment.data.batch_size * context
 
     model = build(experiment.model)
     tokens = jax.ShapeDtypeStruct((1, 8), "int32")
@@ -39,6 +39,9 @@ def test_the_listed_matmuls_are_the_models_matmul_weights(config):
     assert sum(k * n * count for _, k, n, count in layers) == weights
 
 
-def test_a_config_of_another_family_is_refused_in_one_line():
-    with pytest.raises(SystemExit, match="decoder-only"):
-        gemm.step_matmuls(ROOT / "configs" / "reverse.toml")
+@pytest.mark.parametrize("overrides", [[], ["model.attention=linear"], ["model.moe_experts=4"]])
+def test_a_model_whose_matmuls_it_does_not_list_is_refused_in_one_line(overrides, monkeypatch):
+    config = "reverse.toml" if not overrides else "reverse_decoder.toml"
+    monkeypatch.setattr(gemm, "load", lambda path: load(path, overrides))
+    with pytest.raises(SystemExit, match="decoder-only configs with softmax attention"):
+        gemm.step_matmuls(ROOT / "configs" / config)
