@@ -71,6 +71,12 @@ VARIANTS = {
         "reverse": ["model.window=4", "model.global_tokens=4"],
         "shakespeare_char": ["model.window=8", "model.global_tokens=4"],
     },
+    "bigbird": {  # BigBird: window and global positions as above, plus random key blocks
+        "reverse": ["model.window=4", "model.global_tokens=4", "model.random_blocks=1"]
+        + ["model.random_block_size=4"],
+        "shakespeare_char": ["model.window=8", "model.global_tokens=4", "model.random_blocks=2"]
+        + ["model.random_block_size=16"],
+    },
 }
 BEGIN, END = "<!-- attention-systems-table -->", "<!-- /attention-systems-table -->"
 

@@ -12,7 +12,10 @@ Conventions (those of ``tfmjax.kernels.attention``):
   s``: window ``w`` alone: ``|d| <= w``; stride ``r`` (Child et al. 2019): ``|d| < r`` (or
   ``|d| <= w`` with a window) or ``d`` a multiple of ``r`` (negative ``d`` too); global
   tokens ``g`` (Beltagy et al. 2020): a query ``p < g`` or key ``s < g`` passes the pattern
-  whatever it says (not the causal or segment rules).
+  whatever it says (not the causal or segment rules); BigBird's random blocks (Zaheer et al.
+  2020; ``random_blocks`` with fields count, size, seed, num_blocks): key block ``s // size`` among
+  the ``count`` draws of query block ``p // size`` passes too (:func:`oracle_random_block`:
+  the hash written out in Python integers).
 * Scores ``scale * <q, k>`` (``scale`` defaults to ``1/sqrt(H)``), plus ALiBi
   ``-slope_n * |p - s|``, plus a dense ``bias [B|1, N|1, T, S]``; softmax over the visible
   keys; a query that sees no key returns zeros.
@@ -28,8 +31,40 @@ import math
 import numpy as np
 
 
+def _lowbias32(x: int) -> int:
+    """The 32-bit xor-shift-multiply hash ("lowbias32"), in Python integers."""
+    x &= 0xFFFFFFFF
+    for shift, factor in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        x ^= x >> shift
+        x = (x * factor) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def oracle_random_block(random_blocks, q_block: int, draw: int, causal: bool) -> int | None:
+    """Key block of draw ``draw`` for query block ``q_block``: a hash of (seed, block, draw),
+    reduced to the blocks before ``q_block`` (causal) or to the other ``num_blocks - 1``."""
+    seed, num_blocks = random_blocks.seed, random_blocks.num_blocks
+    x = _lowbias32(q_block * 0x9E3779B1 + (seed * 7919 + draw) % (1 << 31))
+    x = _lowbias32(x ^ (draw * 0x27D4EB2F % (1 << 31))) & 0x7FFFFFFF
+    if causal:
+        return x % q_block if q_block >= 1 else None
+    if num_blocks < 2:
+        return None
+    target = x % (num_blocks - 1)
+    return target + (target >= q_block)
+
+
 def oracle_visible(
-    p: int, s: int, *, causal, window, stride=None, global_tokens=0, q_seg=None, kv_seg=None
+    p: int,
+    s: int,
+    *,
+    causal,
+    window,
+    stride=None,
+    global_tokens=0,
+    random_blocks=None,
+    q_seg=None,
+    kv_seg=None,
 ) -> bool:
     """Whether the query at absolute position ``p`` (segment ``q_seg``) sees key ``s``."""
     if causal and s > p:
@@ -38,6 +73,11 @@ def oracle_visible(
         return False
     if p < global_tokens or s < global_tokens:
         return True  # a global token: the window/stride pattern does not apply
+    if random_blocks is not None and (window is not None or stride is not None):
+        count, size = random_blocks.count, random_blocks.size
+        draws = {oracle_random_block(random_blocks, p // size, i, causal) for i in range(count)}
+        if s // size in draws:
+            return True  # a random block: the window/stride pattern does not apply
     distance = p - s
     if stride is not None:
         if window is None:
@@ -61,6 +101,7 @@ def oracle_attention(
     window=None,
     stride=None,
     global_tokens=0,
+    random_blocks=None,
     alibi_slopes=None,
     bias=None,
     q_offset=0,
@@ -93,6 +134,7 @@ def oracle_attention(
                         window=window,
                         stride=stride,
                         global_tokens=global_tokens,
+                        random_blocks=random_blocks,
                         q_seg=None if q_seg is None else q_seg[b, t],
                         kv_seg=None if kv_seg is None else kv_seg[b, s],
                     ):

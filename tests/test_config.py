@@ -38,6 +38,15 @@ BAD = [
     ({"model": {"feature_map": "relu"}}, "model.feature_map='relu' is invalid: must be one of"),
     ({"model": {"attention_stride": 0}}, "model.attention_stride=0 is invalid: must be > 0"),
     ({"model": {"global_tokens": -1}}, "model.global_tokens=-1 is invalid: must be >= 0"),
+    ({"model": {"random_blocks": -1}}, "model.random_blocks=-1 is invalid: must be >= 0"),
+    (
+        {"model": {"random_blocks": 2}},
+        "model.random_blocks=2 is invalid: BigBird's random blocks join a sparse pattern",
+    ),
+    (
+        {"model": {"random_blocks": 1, "window": 2, "random_block_size": 0}},
+        "model.random_block_size=0 is invalid: must be > 0",
+    ),
     (
         {"model": {"d_model": 60, "num_heads": 8}},
         "model.d_model=60 is invalid: must be divisible by model.num_heads=8",

@@ -54,6 +54,8 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"attention": "nystrom", "num_landmarks": 3, "num_layers": 1}),  # encoder
     ("tiny-vaswani", {"moe_experts": 4, "moe_top_k": 2, "moe_capacity_factor": 0.0}),
     ("tiny-vaswani", {"position": "fire"}),
+    # BigBird: window + random blocks of 2 on both sides (bidirectional in the encoder)
+    ("tiny-vaswani", {"window": 1, "random_blocks": 1, "random_block_size": 2}),
     ("tiny-vaswani", {"position": "abacus", "digit_first_id": 5}),
     ("tiny-vaswani", {"position": "alibi", "position_sampling": "randomized", "max_position": 64}),
 ]

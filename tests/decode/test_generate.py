@@ -32,6 +32,7 @@ FAMILY_CASES = [
     ("tiny-retnet", {"num_layers": 1}),  # recurrent states: retention's S
     ("tiny-mamba", {"num_layers": 1}),  # the scan state and the convolution's last inputs
     ("tiny-gpt2", {"window": 1, "global_tokens": 2}),  # prompt lengths decoded apart
+    ("tiny-gpt2", {"window": 1, "random_blocks": 2, "random_block_size": 2}),  # BigBird: too
 ]
 
 

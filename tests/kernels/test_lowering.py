@@ -56,6 +56,20 @@ CONFIGS = {
         jnp.float32,
         dict(causal=True, window=8, stride=16, global_tokens=4),
     ),
+    # BigBird: window + global + random blocks, whose candidate blocks are a lax.cond on a
+    # scalar hash loop in every kernel.
+    "bigbird_gqa2": (
+        1,
+        64,
+        64,
+        4,
+        2,
+        32,
+        jnp.float32,
+        dict(
+            causal=True, window=8, global_tokens=4, random_blocks=masks.RandomBlocks(2, 16, seed=1)
+        ),
+    ),
 }
 
 

@@ -5,10 +5,10 @@ implementation builds its masks with the same ``tfmjax.kernels.masks``: a wrong 
 there is invisible to them. The oracle writes the rules out again from the formulas (causal,
 ``q_offset``, window, segment ids, ALiBi, dense bias, GQA, empty rows), so these tests
 catch it. The sparse patterns (``stride``: Child et al. 2019; ``global_tokens``: Beltagy et
-al. 2020) are cases here too, alone and combined with windows, segment ids, ``q_offset``
-and GQA. Values: fp32 against the float64 oracle at rtol = atol = 1e-5. Gradients: ``jax.vjp``
-of the implementation against central finite differences of the oracle (float64) on tiny
-shapes, atol 1e-4.
+al. 2020; ``random_blocks``: BigBird, Zaheer et al. 2020) are cases here too, alone and
+combined with windows, segment ids, ``q_offset`` and GQA. Values: fp32 against the float64
+oracle at rtol = atol = 1e-5. Gradients: ``jax.vjp`` of the implementation against central
+finite differences of the oracle (float64) on tiny shapes, atol 1e-4.
 
 Blockwise and pallas (interpret mode on CPU) run with blocks of 2 and 4 so that the 5..16
 long sequences span several query and key blocks: ragged edges, block skipping (causal,
@@ -26,6 +26,7 @@ import pytest
 
 from tfmjax import kernels
 from tfmjax.kernels import blockwise, pallas_attention
+from tfmjax.kernels.masks import RandomBlocks
 
 _spec = importlib.util.spec_from_file_location(
     "tfmjax_tests_oracle", pathlib.Path(__file__).resolve().parents[1] / "oracle.py"
@@ -198,6 +199,41 @@ CASES = {
             scale=0.3,
         ),
     ),
+    # BigBird (Zaheer et al. 2020): window + global + random blocks. With blocks of 4, the
+    # random key blocks of the later query blocks lie outside the band and the global block,
+    # so the kernels visit them as candidates (and skip the others).
+    "bigbird_causal": (
+        16,
+        16,
+        2,
+        dict(causal=True, window=1, global_tokens=1, random_blocks=RandomBlocks(1, 4, seed=3)),
+    ),
+    "bigbird_size2_bidirectional_t_lt_s": (
+        12,
+        16,
+        2,
+        dict(window=1, global_tokens=1, random_blocks=RandomBlocks(2, 2, seed=0, num_blocks=8)),
+    ),
+    "bigbird_stride5_decode_t3": (
+        3,
+        16,
+        2,
+        dict(causal=True, stride=5, random_blocks=RandomBlocks(2, 4, seed=1), q_offset=12),
+    ),
+    "random_without_pattern": (8, 8, 2, dict(causal=True, random_blocks=RandomBlocks(1, 2))),
+    "bigbird_segments_alibi_mqa": (
+        12,
+        12,
+        1,
+        dict(
+            causal=True,
+            window=0,
+            random_blocks=RandomBlocks(2, 2, seed=5),
+            alibi_slopes=SLOPES,
+            q_segment_ids=seg([[1] * 9 + [2] * 3, [3] * 10 + [0] * 2]),
+            kv_segment_ids=seg([[1] * 9 + [2] * 3, [3] * 10 + [0] * 2]),
+        ),
+    ),
 }
 
 # The reference runs every case; the other paths a subset by default (each case is a fresh
@@ -245,8 +281,12 @@ QUICK["xla"] |= {
     "q_offset_bidirectional_sparse",
     "sparse_everything",
 }
-QUICK["blockwise"] = QUICK["xla"]
+QUICK["xla"] |= {"bigbird_causal", "bigbird_stride5_decode_t3", "bigbird_segments_alibi_mqa"}
+QUICK["blockwise"] = QUICK["xla"] | {"bigbird_size2_bidirectional_t_lt_s"}
 QUICK["pallas"] |= {
+    "bigbird_causal",
+    "bigbird_size2_bidirectional_t_lt_s",
+    "bigbird_segments_alibi_mqa",
     "stride3_causal",
     "global1_window1_causal",
     "global3_window1_bidirectional",
@@ -418,11 +458,20 @@ GRAD_CASES = {
         1,
         dict(causal=True, window=1, stride=3, global_tokens=1, alibi_slopes=SLOPES[:2]),
     ),
+    # Random key blocks of 2 outside the band: visited as candidates in both orientations.
+    "bigbird_causal": (
+        12,
+        12,
+        2,
+        1,
+        dict(causal=True, window=0, global_tokens=1, random_blocks=RandomBlocks(2, 2, seed=4)),
+    ),
 }
 GRAD_IMPLS = ("xla", "blockwise", "pallas")
 # Sparse-pattern gradient cases xla runs by default (its gradient is autodiff of the dense
 # mask; the others are slow for it).
 GRAD_QUICK_XLA = {
+    "bigbird_causal",
     "causal_gqa2",
     "window1_alibi",
     "decode_causal_window1",

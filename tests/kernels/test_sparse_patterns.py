@@ -1,12 +1,14 @@
 """The sparse attention patterns of ``tfmjax.kernels.masks``: strided (Sparse Transformer,
-Child et al. 2019) and global tokens (Longformer, Beltagy et al. 2020).
+Child et al. 2019), global tokens (Longformer, Beltagy et al. 2020) and random blocks
+(BigBird, Zaheer et al. 2020).
 
 * The masks are the papers' drawings: rows of small masks, written out by hand, against
   both ``masks.dense_mask`` and the independent NumPy oracle's rule.
 * Block skipping: the block ranges of ``block_geometry.pattern_ranges`` (shared by the
   blockwise path and the Pallas kernels, in both orientations) never drop a block that
   holds a visible pair, and leave unmasked only blocks whose pairs are all visible;
-  window-only ranges are exactly those of ``block_range``; global tokens keep skipping.
+  window-only ranges are exactly those of ``block_range``; global tokens keep skipping;
+  random blocks are visited as candidates only where they hold a random pair.
 * A traced ``q_offset`` (decoding) against the oracle, and one-line errors for bad options.
 
 Values and gradients of every implementation against the oracle are in ``test_oracle.py``.
@@ -31,6 +33,7 @@ from tfmjax.kernels import (
     pallas_attention,
     pallas_kernels,
 )
+from tfmjax.kernels.masks import RandomBlocks
 
 _spec = importlib.util.spec_from_file_location(
     "tfmjax_tests_oracle", pathlib.Path(__file__).resolve().parents[1] / "oracle.py"
@@ -109,6 +112,32 @@ def test_global_queries_counted_from_q_offset():
     assert set(np.flatnonzero(dense[0, 0, 1]).tolist()) == {0, 1, 2}  # p = 2: sees globals
 
 
+def test_random_block_rows_as_drawn():
+    """BigBird's random attention: every query of a block sees the same random key blocks,
+    whole blocks, at most ``count`` of them; causal draws lie before the query's block and
+    block 0 draws none; other seeds draw other blocks; without a window or stride random
+    blocks change nothing (as global tokens)."""
+    rb = RandomBlocks(2, 4, seed=7)
+    pattern = dict(causal=True, window=0, random_blocks=rb)
+    rows = mask_rows(64, 64, range(64), **pattern)
+    for block in range(16):
+        extra = [rows[p] - {p} for p in range(4 * block, 4 * block + 4)]
+        assert all(e == extra[0] for e in extra), block  # the same keys for the whole block
+        blocks = {s // 4 for s in extra[0]}
+        assert extra[0] == {4 * b + i for b in blocks for i in range(4)}  # whole blocks
+        assert len(blocks) <= 2 and all(b < block for b in blocks), (block, blocks)
+        assert (block == 0) == (not blocks)
+    other = mask_rows(64, 64, range(64), causal=True, window=0, random_blocks=RandomBlocks(2, 4))
+    assert other != rows
+    rows = mask_rows(
+        16, 16, range(16), causal=False, window=1, random_blocks=RandomBlocks(1, 4, 0, 4)
+    )
+    for p in range(16):  # bidirectional: one other block, from all four
+        random = rows[p] - set(range(p - 1, p + 2))
+        assert len({s // 4 for s in random}) <= 1 and p // 4 not in {s // 4 for s in random}
+    assert mask_rows(8, 8, [5], causal=True, window=None, random_blocks=rb)[5] == set(range(6))
+
+
 # ----------------------------------------------------------------------------------------
 # Block ranges, both orientations, against brute force.
 
@@ -120,12 +149,21 @@ PATTERNS = [
         (0, 1, 5),
     )
 ]
+PATTERNS += [  # BigBird: random blocks of 1, 2 or 3 positions, with and without global tokens
+    dict(causal=causal, window=window, stride=stride, global_tokens=g, random_blocks=rb)
+    for causal, (window, stride), g, rb in itertools.product(
+        (False, True),
+        [(0, None), (2, None), (None, 4)],
+        (0, 2),
+        [RandomBlocks(2, 1, seed=1, num_blocks=19), RandomBlocks(1, 3, seed=2, num_blocks=7)],
+    )
+]
 
 
 def visits(ranges, n):
-    """``[n]`` ints of a BlockRanges: 0 not visited, 1 visited masked, 2 unmasked; checks
-    the ranges are ordered and disjoint."""
-    glo, ghi, lo, flo, fhi, hi = (None if x is None else int(x) for x in ranges)
+    """``[n]`` ints of a BlockRanges (its ``random`` evaluated: see :func:`candidates`): 0 not
+    visited, 1 visited masked, 2 unmasked; checks the ranges are ordered and disjoint."""
+    glo, ghi, lo, flo, fhi, hi = (None if x is None else int(x) for x in ranges[:6])
     assert 0 <= lo <= flo <= fhi <= hi <= n, ranges
     out = np.zeros(n, int)
     if glo is not None:
@@ -133,14 +171,28 @@ def visits(ranges, n):
         out[glo:ghi] = 1
     out[lo:flo] = out[fhi:hi] = 1
     out[flo:fhi] = 2
+    if ranges.random is not None:
+        rlo, rhi = int(ranges.rlo), int(ranges.rhi)
+        assert 0 <= rlo <= lo and (ghi is None or rlo == ghi) and hi <= rhi <= n, ranges
+        for j in [*range(rlo, lo), *range(hi, rhi)]:
+            out[j] = int(ranges.random[j])
     return out
+
+
+def candidates(ranges, n):
+    """The BlockRanges with ``random`` evaluated on every other-axis block (``[n]`` bools)."""
+    if ranges.random is None:
+        return ranges
+    return ranges._replace(random=jnp.stack([ranges.random(jnp.int32(j)) for j in range(n)]))
 
 
 def check_ranges(ranges_fn, visible, block_a, block, num_blocks, label):
     """``ranges_fn(j)``: the BlockRanges of block ``j`` of this axis; ``visible[a, x]``:
     whether position ``a`` of this axis sees position ``x`` of the other (both from 0)."""
     num_a = visible.shape[0] // block_a
-    all_ranges = jax.vmap(ranges_fn)(jnp.arange(num_a, dtype=jnp.int32))
+    all_ranges = jax.vmap(lambda j: candidates(ranges_fn(j), num_blocks))(
+        jnp.arange(num_a, dtype=jnp.int32)
+    )
     for j in range(num_a):
         got = visits(jax.tree.map(lambda x, j=j: x[j], all_ranges), num_blocks)
         for b in range(num_blocks):
@@ -150,7 +202,13 @@ def check_ranges(ranges_fn, visible, block_a, block, num_blocks, label):
             assert got[b] != 2 or pairs.all(), "unmasked a block with masked pairs: " + where
 
 
-@pytest.mark.parametrize("pattern", PATTERNS, ids=str)
+def pattern_id(pattern):
+    rb = pattern.get("random_blocks")
+    rest = {k: v for k, v in pattern.items() if k != "random_blocks"}
+    return str(rest) + ("" if rb is None else f"-random{rb.count}x{rb.size}")
+
+
+@pytest.mark.parametrize("pattern", PATTERNS, ids=pattern_id)
 def test_block_ranges_cover_the_pattern(pattern):
     """Every block holding a visible pair is visited (so skipping never drops work) and
     every unmasked block holds only visible pairs: key blocks per query block (blockwise
@@ -241,7 +299,8 @@ def test_window_only_ranges_are_block_range(causal, window):
         )
         want = block_geometry.block_range(a_lo, a_lo + 3, 4, 8, dmin, dmax, num_full=7)
         assert got.glo is None and got.ghi is None
-        assert [int(x) for x in got[2:]] == [int(x) for x in want]
+        assert [int(x) for x in got[2:6]] == [int(x) for x in want]
+        assert got.random is None
 
 
 def test_global_tokens_keep_skipping():
@@ -263,6 +322,21 @@ def test_global_tokens_keep_skipping():
         28, 31, 4, 8, causal=True, window=None, stride=8, global_tokens=0, num_full=8
     )
     assert visits(strided, 8).tolist() == [1, 1, 1, 1, 1, 1, 2, 1]
+
+
+def test_random_blocks_keep_skipping():
+    """Window 0 with one random key block per query block of 4, over 64 keys in blocks of 4:
+    a late query block visits its own block and at most its random one, not the other 14."""
+    rb = RandomBlocks(1, 4, seed=3)
+    pattern = dict(causal=True, window=0, stride=None, global_tokens=0, random_blocks=rb)
+    for i in range(1, 16):
+        ranges = block_geometry.pattern_ranges(4 * i, 4 * i + 3, 4, 16, **pattern, num_full=16)
+        got = visits(candidates(ranges, 16), 16)
+        target = int(masks.random_key_block(rb, jnp.int32(i), 0, causal=True))
+        want = np.zeros(16, int)
+        want[target] = 1
+        want[i] = 1  # own block: the diagonal, masked
+        assert got.tolist() == want.tolist(), (i, target)
 
 
 # ----------------------------------------------------------------------------------------
@@ -304,6 +378,7 @@ def test_traced_q_offset_matches_oracle(impl):
         (dict(global_tokens=-1), r"global_tokens=-1 must be an int >= 0"),
         (dict(global_tokens=1.5), r"global_tokens=1.5 must be an int >= 0"),
         (dict(global_tokens=None), r"global_tokens=None must be an int >= 0"),
+        (dict(random_blocks=2), r"random_blocks=2 must be a tfmjax.kernels.masks.RandomBlocks"),
     ],
 )
 def test_bad_pattern_arguments_are_one_line(kwargs, message):

@@ -22,6 +22,7 @@ REFUSED = [
     ({"position": "alibi"}, "model.position='alibi' is invalid: model.attention='{m}' cannot"),
     ({"position": "fire"}, "model.position='fire' is invalid"),
     ({"window": 4}, "model.window=4 is invalid: sparse patterns apply to softmax and mla"),
+    ({"random_blocks": 1}, "model.random_blocks=1 is invalid: sparse patterns apply to softmax"),
     ({"attention_stride": 2}, "model.attention_stride=2 is invalid: sparse patterns"),
     ({"global_tokens": 1}, "model.global_tokens=1 is invalid: sparse patterns"),
     ({"num_kv_heads": 1}, "model.num_kv_heads=1 is invalid"),

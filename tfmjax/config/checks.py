@@ -18,8 +18,9 @@ def require(ok: bool, field: str, value: Any, valid: str) -> None:
 
 
 def no_sparse_pattern(cfg: Any, attention: str) -> None:
-    """Refuse ``model.window``, ``attention_stride`` and ``global_tokens`` for an attention
-    variant without block-sparse patterns (``cfg``: the ModelConfig), naming the field."""
+    """Refuse ``model.window``, ``attention_stride``, ``global_tokens`` and ``random_blocks``
+    for an attention variant without block-sparse patterns (``cfg``: the ModelConfig), naming
+    the field."""
     for field in ("window", "attention_stride"):
         require(
             getattr(cfg, field) is None,
@@ -27,12 +28,13 @@ def no_sparse_pattern(cfg: Any, attention: str) -> None:
             getattr(cfg, field),
             f"sparse patterns apply to softmax and mla attention, not {attention}",
         )
-    require(
-        cfg.global_tokens == 0,
-        "model.global_tokens",
-        cfg.global_tokens,
-        f"sparse patterns apply to softmax and mla attention, not {attention}",
-    )
+    for field in ("global_tokens", "random_blocks"):
+        require(
+            getattr(cfg, field) == 0,
+            f"model.{field}",
+            getattr(cfg, field),
+            f"sparse patterns apply to softmax and mla attention, not {attention}",
+        )
 
 
 def one_of(field: str, value: Any, options: tuple) -> None:

@@ -125,6 +125,13 @@ class ModelConfig:
     global_tokens: int = option(
         0, help="Longformer global tokens: the first N positions see and are seen by all"
     )
+    random_blocks: int = option(
+        0,
+        help="BigBird random attention: key blocks each query block also sees (a seeded "
+        "hash draws them; with model.window or attention_stride); 0 = off",
+    )
+    random_block_size: int = option(16, help="BigBird: positions per block of random_blocks")
+    random_blocks_seed: int = option(0, help="BigBird: the seed that fixes the random blocks")
     attention: str = option(
         "softmax",
         help="self-attention system: softmax, mla (latent KV), linear (kernelised), retention "
@@ -216,6 +223,13 @@ class ModelConfig:
         check_recurrent_mixer(self)
         check_nystrom(self)
         check_position_options(self)
+        require(  # after the systems that refuse sparse patterns have said so
+            not self.random_blocks or self.window is not None or self.attention_stride is not None,
+            "model.random_blocks",
+            self.random_blocks,
+            "BigBird's random blocks join a sparse pattern: set model.window (or "
+            "model.attention_stride), or 0",
+        )
         if self.attention_impl == "cudnn":
             self._check_cudnn()
 
@@ -256,8 +270,10 @@ class ModelConfig:
             "ssm_expand",
             "ssm_conv",
             "num_landmarks",
+            "random_block_size",
         )
-        require(self.global_tokens >= 0, "model.global_tokens", self.global_tokens, "must be >= 0")
+        for name in ("global_tokens", "random_blocks", "random_blocks_seed"):
+            require(getattr(self, name) >= 0, f"model.{name}", getattr(self, name), "must be >= 0")
 
     def _check_heads_and_positions(self) -> None:
         """Head widths divide evenly and suit the position scheme."""
@@ -393,6 +409,7 @@ class ModelConfig:
             ("attention", self.attention == "mla", "MLA's latent keys (shared RoPE features)"),
             ("attention_stride", self.attention_stride is not None, "strided patterns"),
             ("global_tokens", self.global_tokens > 0, "global-token patterns"),
+            ("random_blocks", self.random_blocks > 0, "BigBird's random blocks"),
             (
                 "window",
                 self.window is not None and self.family != "decoder_only",

@@ -119,6 +119,11 @@ PRESETS: dict[str, dict] = {
     # Nystrom attention (Xiong et al. 2021) in BERT-style blocks: 8 landmarks (segment means
     # of queries and keys) approximate softmax attention in O(T·M).
     "tiny-nystrom": dict(_BERT, **_TINY, attention="nystrom", num_landmarks=8),
+    # BigBird (Zaheer et al. 2020) in BERT-style blocks: a window of 8 each side, 2 global
+    # tokens and 2 random key blocks of 16 per query block of 16.
+    "tiny-bigbird": dict(
+        _BERT, **_TINY, window=8, global_tokens=2, random_blocks=2, random_block_size=16
+    ),
     # Mixtral 8x7B (Jiang et al. 2024): LLaMA-style blocks whose SwiGLU feed-forwards are 8
     # experts, 2 per token, dropless; 46.7B parameters, about 12.9B active per token.
     "mixtral-8x7b": dict(

@@ -13,7 +13,9 @@ applying a mask (:func:`block_mask`, :func:`loop_over_ranges`).
 the diagonal, or all when not causal) and only blocks inside the local band are unmasked;
 ``global_tokens`` (Beltagy et al. 2020) add the key blocks holding ``s < g`` as a masked range
 of their own before the band, and a query block holding ``p < g`` visits the whole causal
-range.
+range. ``random_blocks`` (Zaheer et al. 2020) make the rest of the causal range candidates:
+each is visited, masked, only when one of its pairs is a random pair
+(:func:`tfmjax.kernels.masks.random_blocks_meet`), so empty blocks are skipped.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
-from tfmjax.kernels.masks import allowed, has_pattern
+from tfmjax.kernels.masks import allowed, has_pattern, random_blocks_meet
 
 # Masked scores are set to MASK_VALUE (finite: no inf - inf) and the running row max
 # starts at ROW_MAX_INIT, far below any real score but far above MASK_VALUE. Then
@@ -121,7 +123,9 @@ class BlockRanges(NamedTuple):
     """The blocks of the other axis one block of this axis visits, in order: ``[glo, ghi)``
     (blocks holding global tokens below the band; masked; both None when there are no
     global tokens), then the band ``[lo, flo)`` masked, ``[flo, fhi)`` unmasked, ``[fhi,
-    hi)`` masked, with ``ghi <= lo <= flo <= fhi <= hi``. Entries are int32 scalars."""
+    hi)`` masked, with ``ghi <= lo <= flo <= fhi <= hi``. With random blocks, the
+    candidates ``[rlo, lo)`` and ``[hi, rhi)`` follow, each visited (masked) where
+    ``random(j)`` holds; None without. Entries are int32 scalars."""
 
     glo: Any
     ghi: Any
@@ -129,15 +133,19 @@ class BlockRanges(NamedTuple):
     flo: Any
     fhi: Any
     hi: Any
+    rlo: Any = None
+    rhi: Any = None
+    random: Any = None  # block index -> traced bool
 
 
 # The options of masks.allowed that shape the pattern; the static-options objects of both
 # kernels (blockwise_layout.BlockwiseStatic, pallas_kernels.KernelStatic) hold them.
-PATTERN_OPTIONS = ("causal", "window", "stride", "global_tokens")
+PATTERN_OPTIONS = ("causal", "window", "stride", "global_tokens", "random_blocks")
 
 
 def pattern_options(st) -> dict:
-    """``causal``, ``window``, ``stride``, ``global_tokens`` of a static-options object."""
+    """``causal``, ``window``, ``stride``, ``global_tokens``, ``random_blocks`` of a
+    static-options object."""
     return {name: getattr(st, name) for name in PATTERN_OPTIONS}
 
 
@@ -154,6 +162,7 @@ def pattern_ranges(
     num_full: int,
     full_ok: bool = True,
     dual_offset: int | None = None,
+    random_blocks=None,
 ) -> BlockRanges:
     """:class:`BlockRanges` that positions ``a_lo..a_hi`` of this axis visit under the mask
     pattern of :func:`tfmjax.kernels.masks.allowed` (options as there).
@@ -167,7 +176,8 @@ def pattern_ranges(
     causal range, unmasked only inside the local band (:func:`full_distance_bounds`).
     ``global_tokens = g``: other-axis blocks holding positions ``< g`` (within the causal
     range) are visited too, masked, and a block of this axis holding a position ``< g``
-    visits the whole causal range.
+    visits the whole causal range. ``random_blocks``: the rest of the causal range are
+    candidates (see :class:`BlockRanges`).
     """
     need = distance_bounds(causal, window, stride)
     full = full_distance_bounds(causal, window, stride)
@@ -177,21 +187,44 @@ def pattern_ranges(
     lo, flo, fhi, hi = block_range(
         a_lo, a_hi, block, num_blocks, *need, num_full=num_full, full_ok=full_ok, full_bounds=full
     )
-    if not global_tokens or not has_pattern(window, stride):
+    if not has_pattern(window, stride) or not (global_tokens or random_blocks):
         return BlockRanges(None, None, lo, flo, fhi, hi)
     clo, _, _, chi = block_range(
         a_lo, a_hi, block, num_blocks, *causal_only, num_full=num_full, full_ok=False
     )
-    global_end = global_tokens - (dual_offset or 0)  # static: positions below are global
-    # A block holding global positions visits its whole causal range (the band, and its
-    # unmasked part, lie inside that range).
-    a_global = jnp.asarray(a_lo, jnp.int32) < global_end
-    lo, hi = jnp.where(a_global, clo, lo), jnp.where(a_global, chi, hi)
-    # Other-axis blocks holding global positions: [0, ceil(end / block)). Those at or above
-    # lo are in the band already (it reaches at least to d = 0, so past every global
-    # position when this block holds none); the causal ones below lo are [clo, ghi).
-    global_hi = min(max(-(-global_end // block), 0), num_blocks)
-    return BlockRanges(clo, jnp.minimum(global_hi, lo), lo, flo, fhi, hi)
+    glo = ghi = None
+    if global_tokens:
+        global_end = global_tokens - (dual_offset or 0)  # static: positions below are global
+        # A block holding global positions visits its whole causal range (the band, and its
+        # unmasked part, lie inside that range).
+        a_global = jnp.asarray(a_lo, jnp.int32) < global_end
+        lo, hi = jnp.where(a_global, clo, lo), jnp.where(a_global, chi, hi)
+        # Other-axis blocks holding global positions: [0, ceil(end / block)). Those at or
+        # above lo are in the band already (it reaches at least to d = 0, so past every
+        # global position when this block holds none); the causal ones below lo are [clo, ghi).
+        global_hi = min(max(-(-global_end // block), 0), num_blocks)
+        glo, ghi = clo, jnp.minimum(global_hi, lo)
+    if random_blocks is None:
+        return BlockRanges(glo, ghi, lo, flo, fhi, hi)
+    random = _random_candidate(random_blocks, causal, a_lo, a_hi, block, dual_offset)
+    return BlockRanges(glo, ghi, lo, flo, fhi, hi, clo if ghi is None else ghi, chi, random)
+
+
+def _random_candidate(random_blocks, causal: bool, a_lo, a_hi, block: int, dual_offset):
+    """``j -> bool``: whether other-axis block ``j`` holds a random pair with positions
+    ``a_lo..a_hi`` of this axis (orientation as in :func:`pattern_ranges`)."""
+    a_lo, a_hi = jnp.asarray(a_lo, jnp.int32), jnp.asarray(a_hi, jnp.int32)
+
+    def holds_random_pair(j):
+        lo = j * block
+        if dual_offset is None:  # this axis: queries; the other: key blocks
+            p_lo, p_hi, s_lo, s_hi = a_lo, a_hi, lo, lo + block - 1
+        else:  # this axis: keys (query-index units); the other: query blocks
+            p_lo, p_hi = lo + dual_offset, lo + block - 1 + dual_offset
+            s_lo, s_hi = a_lo + dual_offset, a_hi + dual_offset
+        return random_blocks_meet(random_blocks, p_lo, p_hi, s_lo, s_hi, causal=causal)
+
+    return holds_random_pair
 
 
 def block_mask(
@@ -202,6 +235,7 @@ def block_mask(
     window,
     stride=None,
     global_tokens=0,
+    random_blocks=None,
     q_seg=None,
     kv_seg=None,
     kv_len=None,
@@ -215,6 +249,7 @@ def block_mask(
         window=window,
         stride=stride,
         global_tokens=global_tokens,
+        random_blocks=random_blocks,
         q_seg=q_seg,
         kv_seg=kv_seg,
     )
@@ -225,10 +260,19 @@ def block_mask(
 
 def loop_over_ranges(ranges: BlockRanges, body, carry):
     """``body(j, carry, masked)`` over the blocks of ``ranges`` (see :class:`BlockRanges`):
-    the global range and the band's edges masked, the band's middle unmasked."""
+    the global range and the band's edges masked, the band's middle unmasked, and the random
+    candidates that hold a random pair masked (the others are skipped)."""
     masked = functools.partial(body, masked=True)
     if ranges.glo is not None:
         carry = lax.fori_loop(ranges.glo, ranges.ghi, masked, carry)
     carry = lax.fori_loop(ranges.lo, ranges.flo, masked, carry)
     carry = lax.fori_loop(ranges.flo, ranges.fhi, functools.partial(body, masked=False), carry)
-    return lax.fori_loop(ranges.fhi, ranges.hi, masked, carry)
+    carry = lax.fori_loop(ranges.fhi, ranges.hi, masked, carry)
+    if ranges.random is None:
+        return carry
+
+    def candidate(j, carry):
+        return lax.cond(ranges.random(j), masked, lambda _, c: c, j, carry)
+
+    carry = lax.fori_loop(ranges.rlo, ranges.lo, candidate, carry)
+    return lax.fori_loop(ranges.hi, ranges.rhi, candidate, carry)

@@ -86,6 +86,7 @@ def attention(
     scale,
     stride: int | None = None,
     global_tokens: int = 0,
+    random_blocks=None,
     block_sizes: BlockSizes | None = None,
 ):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]``; see the module docstring (mask
@@ -107,6 +108,7 @@ def attention(
         blocks=block_sizes or BlockSizes(),  # looked up here at call time: tests swap it
         stride=None if stride is None else int(stride),
         global_tokens=int(global_tokens),
+        random_blocks=random_blocks,
     )
     if q_segment_ids is not None:
         q_segment_ids = q_segment_ids.astype(jnp.int32)

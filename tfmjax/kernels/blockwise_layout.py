@@ -11,6 +11,7 @@ K and V are never repeated.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -66,6 +67,7 @@ class BlockwiseStatic:
     blocks: BlockSizes
     stride: int | None = None
     global_tokens: int = 0
+    random_blocks: Any = None  # masks.RandomBlocks
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,7 +57,16 @@ MAX_HEAD_WIDTH = 256  # Hopper and later; 128 before (jax checks this when it tr
 
 
 def unsupported(
-    q, k, *, causal, window, stride=None, global_tokens=0, alibi_slopes=None, bias=None
+    q,
+    k,
+    *,
+    causal,
+    window,
+    stride=None,
+    global_tokens=0,
+    random_blocks=None,
+    alibi_slopes=None,
+    bias=None,
 ) -> str | None:
     """Why cuDNN's fused attention cannot compute this call (a phrase naming the option), or
     None when it can. ``q [B,T,N,H]``, ``k [B,S,K,H]``; the options are those of
@@ -71,6 +80,8 @@ def unsupported(
         return f"the strided pattern stride={stride}"
     if global_tokens:
         return f"global tokens global_tokens={global_tokens}"
+    if random_blocks is not None:
+        return f"BigBird's random blocks random_blocks={random_blocks.count}"
     if window is not None and not causal:
         return f"window={window} without causal (cuDNN's window is one-sided)"
     if q.dtype not in DTYPES or k.dtype != q.dtype:
@@ -102,6 +113,7 @@ def attention(
     scale,
     stride=None,
     global_tokens=0,
+    random_blocks=None,
     platform: str | None = None,
 ):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` with cuDNN's fused attention (see
@@ -114,6 +126,7 @@ def attention(
         window=window,
         stride=stride,
         global_tokens=global_tokens,
+        random_blocks=random_blocks,
         alibi_slopes=alibi_slopes,
         bias=bias,
     )

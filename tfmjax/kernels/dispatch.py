@@ -2,7 +2,7 @@
 the implementations.
 
 ``attention(q, k, v, *, causal, q_segment_ids, kv_segment_ids, window, stride,
-global_tokens, alibi_slopes, bias, q_offset, scale, impl)`` with ``q [B,T,N,H]`` and
+global_tokens, random_blocks, alibi_slopes, bias, q_offset, scale, impl)`` with ``q [B,T,N,H]`` and
 ``k, v [B,S,K,H]`` (K divides N) returns ``[B,T,N,H]``. Every ``impl`` has the
 semantics of ``impl="reference"`` (``"cudnn"`` for the masks it takes, and refuses the
 rest); :func:`choose_impl` says what ``"auto"`` picks on one platform.
@@ -38,6 +38,7 @@ import numbers
 
 import jax
 
+from tfmjax.kernels.masks import RandomBlocks
 from tfmjax.kernels.platforms import LOWERING_PLATFORMS, PALLAS_FLAVOUR
 
 IMPLS = ("auto", "reference", "xla", "blockwise", "pallas", "cudnn")
@@ -131,7 +132,7 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _check_pattern(window, stride, global_tokens):
+def _check_pattern(window, stride, global_tokens, random_blocks):
     """One-line errors for the static mask-pattern options (see :mod:`.masks`)."""
     if window is not None and window < 0:
         raise ValueError(f"window={window} must be >= 0 (or None for no window)")
@@ -139,6 +140,10 @@ def _check_pattern(window, stride, global_tokens):
         raise ValueError(f"stride={stride!r} must be an int >= 1 (or None for no stride)")
     if not (_is_int(global_tokens) and global_tokens >= 0):
         raise ValueError(f"global_tokens={global_tokens!r} must be an int >= 0")
+    if random_blocks is not None and not isinstance(random_blocks, RandomBlocks):
+        raise ValueError(
+            f"random_blocks={random_blocks!r} must be a tfmjax.kernels.masks.RandomBlocks or None"
+        )
 
 
 def _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias):
@@ -178,6 +183,7 @@ def attention(
     window: int | None = None,
     stride: int | None = None,
     global_tokens: int = 0,
+    random_blocks: RandomBlocks | None = None,
     alibi_slopes=None,
     bias=None,
     q_offset=0,
@@ -193,7 +199,9 @@ def attention(
     distance ``|p - s| < stride`` (or ``<= window`` with a window) or at a multiple of
     ``stride``. ``global_tokens = g``: positions ``< g`` attend to and are attended by every
     position (Longformer, Beltagy et al. 2020), overriding window and stride but not causal
-    masks or segment ids. Exact rules: :mod:`tfmjax.kernels.masks`. ``alibi_slopes [N]``:
+    masks or segment ids. ``random_blocks`` (a :class:`~tfmjax.kernels.masks.RandomBlocks`):
+    BigBird's random key blocks per query block (Zaheer et al. 2020), beside a window or
+    stride. Exact rules: :mod:`tfmjax.kernels.masks`. ``alibi_slopes [N]``:
     adds ``-slope * |p - s|``. ``bias [B|1,N|1,T,S]``: added to the scores. ``scale``
     defaults to ``1/sqrt(H)``. Rows that see nothing return zeros.
 
@@ -202,7 +210,7 @@ def attention(
     trace time.
     """
     _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias)
-    _check_pattern(window, stride, global_tokens)
+    _check_pattern(window, stride, global_tokens, random_blocks)
     kw = dict(
         causal=causal,
         q_segment_ids=q_segment_ids,
@@ -210,6 +218,7 @@ def attention(
         window=window,
         stride=stride,
         global_tokens=global_tokens,
+        random_blocks=random_blocks,
         alibi_slopes=alibi_slopes,
         bias=bias,
         q_offset=q_offset,
@@ -237,7 +246,8 @@ def _cudnn_ok(q, k, kw) -> bool:
     if not any(name == "cudnn" for rows in AUTO_TABLE.values() for _, name in rows):
         return False
     cudnn = importlib.import_module(_MODULES["cudnn"])
-    options = ("causal", "window", "stride", "global_tokens", "alibi_slopes", "bias")
+    options = ("causal", "window", "stride", "global_tokens", "random_blocks")
+    options += ("alibi_slopes", "bias")
     return cudnn.unsupported(q, k, **{name: kw[name] for name in options}) is None
 
 

@@ -22,14 +22,107 @@ A query at absolute position ``p = q_offset + t`` may attend to key slot ``s`` (
     are attended by every query, overriding the window/stride pattern but not the causal
     and segment rules. Without a window or stride there is nothing to override.
 
-``window``, ``stride`` and ``global_tokens`` are static Python ints; :func:`allowed` is the
-one implementation of the rule, used per element, per block and for the dense mask.
+    ``random_blocks`` (BigBird's random attention, Zaheer et al. 2020; a :class:`RandomBlocks`
+    or None): positions fall in blocks of ``size``; query block ``i = p // size`` also sees
+    the ``count`` key blocks :func:`random_key_block` draws for it, fixed by ``seed``. With a
+    window and global tokens this is BigBird's window + global + random pattern.
+
+``window``, ``stride`` and ``global_tokens`` are static Python ints, ``random_blocks`` a
+static (hashable) value; :func:`allowed` is the one implementation of the rule, used per
+element, per block and for the dense mask.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 from jax import lax
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomBlocks:
+    """BigBird's random blocks: each query block of ``size`` positions sees ``count`` key
+    blocks drawn (with replacement: at most ``count`` distinct ones) by a fixed integer hash of
+    ``(seed, query block, draw)``. Causal: from the blocks before its own (none for block 0);
+    not causal: from the ``num_blocks`` blocks of the longest sequence (``ceil(max_len /
+    size)``) except its own. The same for every layer and head."""
+
+    count: int
+    size: int
+    seed: int = 0
+    num_blocks: int = 0  # the draw's range when not causal
+
+    def __post_init__(self):
+        for name in ("count", "size"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"RandomBlocks.{name}={value!r} must be an int >= 1")
+        if not (isinstance(self.num_blocks, int) and self.num_blocks >= 0):
+            raise ValueError(f"RandomBlocks.num_blocks={self.num_blocks!r} must be an int >= 0")
+
+
+def _as_int32(x: int):
+    """A 32-bit constant as int32 (two's complement), so products wrap like uint32's."""
+    return jnp.int32(x - (1 << 32) if x >= 1 << 31 else x)
+
+
+def _mix(x):
+    """A 32-bit integer hash (lowbias32: xor-shift-multiply) on int32 arrays or scalars."""
+    for shift, factor in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        x = x ^ lax.shift_right_logical(x, jnp.int32(shift))
+        x = x * _as_int32(factor)
+    return x ^ lax.shift_right_logical(x, jnp.int32(16))
+
+
+def random_key_block(rb: RandomBlocks, q_block, draw: int, *, causal: bool):
+    """The key block of draw ``draw`` (``0 <= draw < rb.count``) for query block(s)
+    ``q_block`` (int32, any shape): int32 of the same shape, -1 where there is none."""
+    q_block = jnp.asarray(q_block, jnp.int32)
+    x = _mix(q_block * _as_int32(0x9E3779B1) + jnp.int32((rb.seed * 7919 + draw) % (1 << 31)))
+    x = _mix(x ^ jnp.int32(draw * 0x27D4EB2F % (1 << 31)))
+    x = x & jnp.int32(0x7FFFFFFF)  # non-negative
+    if causal:  # one of the blocks 0 .. q_block - 1
+        choices = q_block
+        target = lax.rem(x, jnp.maximum(choices, 1))
+    else:  # one of the other num_blocks - 1 blocks
+        choices = jnp.full_like(q_block, rb.num_blocks - 1)
+        target = lax.rem(x, jnp.maximum(choices, 1))
+        target = target + (target >= q_block).astype(jnp.int32)
+    return jnp.where(choices >= 1, target, -1)
+
+
+def _block_of(rb: RandomBlocks, pos):
+    """``pos // size`` for non-negative int32 positions (``lax.div`` lowers on every Pallas
+    backend; it truncates, which is the floor here)."""
+    return lax.div(jnp.asarray(pos, jnp.int32), jnp.int32(rb.size))
+
+
+def random_ok(rb: RandomBlocks, q_pos, kv_pos, *, causal: bool):
+    """Whether key position(s) ``kv_pos`` fall in a random block of query position(s)
+    ``q_pos`` (broadcastable int32 arrays)."""
+    q_block, kv_block = _block_of(rb, q_pos), _block_of(rb, kv_pos)
+    ok = None
+    for draw in range(rb.count):
+        hit = random_key_block(rb, q_block, draw, causal=causal) == kv_block
+        ok = hit if ok is None else ok | hit
+    return ok
+
+
+def random_blocks_meet(rb: RandomBlocks, p_lo, p_hi, s_lo, s_hi, *, causal: bool):
+    """Whether some query position in ``p_lo..p_hi`` has a random key block meeting key
+    positions ``s_lo..s_hi`` (traced int32 scalars): scalar work only, for the kernels'
+    decision to visit a block outside the band."""
+    k_lo, k_hi = _block_of(rb, s_lo), _block_of(rb, s_hi)
+
+    def query_block(i, met):
+        for draw in range(rb.count):
+            target = random_key_block(rb, i, draw, causal=causal)
+            met = met | ((target >= k_lo) & (target <= k_hi))
+        return met
+
+    first, last = _block_of(rb, p_lo), _block_of(rb, p_hi)
+    return lax.fori_loop(first, last + 1, query_block, jnp.bool_(False))
 
 
 def has_pattern(window, stride) -> bool:
@@ -59,6 +152,7 @@ def allowed(
     window,
     stride=None,
     global_tokens=0,
+    random_blocks=None,
     q_seg=None,
     kv_seg=None,
 ):
@@ -76,6 +170,8 @@ def allowed(
     if pattern is not None:
         if global_tokens:
             pattern = pattern | (q_pos < global_tokens) | (kv_pos < global_tokens)
+        if random_blocks is not None:
+            pattern = pattern | random_ok(random_blocks, q_pos, kv_pos, causal=causal)
         ok = ok & pattern
     return ok
 
@@ -88,6 +184,7 @@ def dense_mask(
     window=None,
     stride=None,
     global_tokens=0,
+    random_blocks=None,
     q_segment_ids=None,
     kv_segment_ids=None,
     q_offset=0,
@@ -106,6 +203,7 @@ def dense_mask(
         window=window,
         stride=stride,
         global_tokens=global_tokens,
+        random_blocks=random_blocks,
         q_seg=q_seg,
         kv_seg=kv_seg,
     )

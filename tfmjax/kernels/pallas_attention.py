@@ -303,12 +303,13 @@ def attention(
     scale,
     stride: int | None = None,
     global_tokens: int = 0,
+    random_blocks=None,
     block_sizes: BlockSizes | None = None,
     platform: str | None = None,
 ):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` with the Pallas kernels; the mask
-    options (``causal``, ``window``, ``stride``, ``global_tokens``, segment ids) are those of
-    :mod:`tfmjax.kernels.masks`.
+    options (``causal``, ``window``, ``stride``, ``global_tokens``, ``random_blocks``, segment
+    ids) are those of :mod:`tfmjax.kernels.masks`.
 
     ``platform`` picks the kernels. None (default): chosen when the computation is lowered,
     with ``lax.platform_dependent`` -- Triton for ``cuda``/``rocm``, Mosaic for ``tpu``, the
@@ -337,6 +338,7 @@ def attention(
         scale=scale,
         stride=stride,
         global_tokens=global_tokens,
+        random_blocks=random_blocks,
         block_sizes=block_sizes,
     )
     if platform is not None:
@@ -370,6 +372,7 @@ def _attention(
     scale,
     stride,
     global_tokens,
+    random_blocks,
     block_sizes: BlockSizes | None,
 ):
     """The kernels of one flavour (``platform``: ``"cpu"``, ``"cuda"`` or ``"tpu"``)."""
@@ -390,6 +393,7 @@ def _attention(
         window=None if window is None else int(window),
         stride=None if stride is None else int(stride),
         global_tokens=int(global_tokens),
+        random_blocks=random_blocks,
         scale=float(scale),
         blocks=blocks,
         static_offset=static_offset,
@@ -406,6 +410,7 @@ def _attention(
         "window",
         "stride",
         "global_tokens",
+        "random_blocks",
         "scale",
         "blocks",
         "static_offset",
@@ -425,6 +430,7 @@ def _kernels(
     window,
     stride,
     global_tokens,
+    random_blocks,
     scale,
     blocks,
     static_offset,
@@ -445,6 +451,7 @@ def _kernels(
         platform=platform,
         stride=stride,
         global_tokens=global_tokens,
+        random_blocks=random_blocks,
     )
     Tp, Sp = st.padded_lens
     Hp = max(pow2(H), 16 if platform == "cuda" else 1)

@@ -50,6 +50,7 @@ class KernelStatic:
     platform: str  # "cpu" (interpret), "cuda", "tpu"
     stride: int | None = None  # the sparse patterns of tfmjax.kernels.masks
     global_tokens: int = 0
+    random_blocks: object = None  # masks.RandomBlocks
 
     def geometry(self, block_q: int, block_k: int):
         """``bq, bk`` clipped to the lengths; ``nq, nk``: blocks holding real rows."""

@@ -27,10 +27,11 @@ def attention(
     scale,
     stride=None,
     global_tokens=0,
+    random_blocks=None,
 ):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` in q's dtype. The mask options
-    (``causal``, ``window``, ``stride``, ``global_tokens``, segment ids) are those of
-    :mod:`tfmjax.kernels.masks`."""
+    (``causal``, ``window``, ``stride``, ``global_tokens``, ``random_blocks``, segment ids)
+    are those of :mod:`tfmjax.kernels.masks`."""
     probs = probabilities(
         q,
         k,
@@ -44,6 +45,7 @@ def attention(
         scale=scale,
         stride=stride,
         global_tokens=global_tokens,
+        random_blocks=random_blocks,
     )
     return weighted_values(probs, v).astype(q.dtype)
 
@@ -62,6 +64,7 @@ def probabilities(
     scale,
     stride=None,
     global_tokens=0,
+    random_blocks=None,
 ):
     """The attention pattern ``softmax(Q K^T * scale + bias, masked)``: ``[B,N,T,S]`` float32
     (rows with nothing to attend to are all zero)."""
@@ -81,6 +84,7 @@ def probabilities(
         window=window,
         stride=stride,
         global_tokens=global_tokens,
+        random_blocks=random_blocks,
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
         q_offset=q_offset,

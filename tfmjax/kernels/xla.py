@@ -28,9 +28,10 @@ def attention(
     scale,
     stride=None,
     global_tokens=0,
+    random_blocks=None,
 ):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]``. The mask options (``causal``,
-    ``window``, ``stride``, ``global_tokens``, segment ids) are those of
+    ``window``, ``stride``, ``global_tokens``, ``random_blocks``, segment ids) are those of
     :mod:`tfmjax.kernels.masks`."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -50,6 +51,7 @@ def attention(
         window=window,
         stride=stride,
         global_tokens=global_tokens,
+        random_blocks=random_blocks,
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
         q_offset=q_offset,

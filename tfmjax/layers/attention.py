@@ -28,6 +28,7 @@ import numpy as np
 
 from tfmjax.kernels import attention as attention_fn
 from tfmjax.kernels import reference
+from tfmjax.kernels.masks import RandomBlocks
 from tfmjax.layers.axes import (
     BATCH,
     EMBED,
@@ -74,13 +75,15 @@ def write_cache(cache, arrays: dict, segment_ids):
     return out
 
 
-def sparse_pattern(window, stride, global_tokens) -> dict:
+def sparse_pattern(window, stride, global_tokens, random_blocks=None) -> dict:
     """The structured-mask arguments of :func:`tfmjax.kernels.attention` that are set."""
     out = {"window": window}
     if stride is not None:
         out["stride"] = stride
     if global_tokens:
         out["global_tokens"] = global_tokens
+    if random_blocks is not None:
+        out["random_blocks"] = random_blocks
     return out
 
 
@@ -119,6 +122,7 @@ class MultiHeadAttention(nn.Module):
     window: int | None = None
     attention_stride: int | None = None  # Sparse Transformer's pattern (tfmjax.kernels.masks)
     global_tokens: int = 0  # Longformer's global tokens: the first positions see and are seen
+    random_blocks: RandomBlocks | None = None  # BigBird's random key blocks
     scale: float | None = None  # of the attention logits; None: 1/sqrt(head_dim)
     impl: str = "auto"
     dtype: jnp.dtype = jnp.float32
@@ -142,6 +146,7 @@ class MultiHeadAttention(nn.Module):
             window=None if cross else c.window,
             attention_stride=None if cross else c.attention_stride,
             global_tokens=0 if cross else c.global_tokens,
+            random_blocks=None if cross else c.random_blocks,
             scale=c.attention_scale,
             impl=c.attention_impl,
             dtype=c.dtype,
@@ -207,7 +212,9 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids,
-            **sparse_pattern(self.window, self.attention_stride, self.global_tokens),
+            **sparse_pattern(
+                self.window, self.attention_stride, self.global_tokens, self.random_blocks
+            ),
             alibi_slopes=alibi_slopes,
             bias=bias,
             q_offset=q_offset,

@@ -34,6 +34,7 @@ class BlockConfig(NamedTuple):
     window: int | None = None
     attention_stride: int | None = None  # strided sparse pattern (self-attention)
     global_tokens: int = 0  # global tokens (self-attention)
+    random_blocks: Any = None  # kernels.masks.RandomBlocks from the three random_* fields
     attention: str = "softmax"  # self-attention variant (tfmjax.layers.attention_variants)
     kv_rank: int = 0  # mla latent width
     q_rank: int | None = None  # mla query latent

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfmjax.kernels import attention as attention_fn
+from tfmjax.kernels.masks import RandomBlocks
 from tfmjax.layers.attention import sparse_pattern, write_cache
 from tfmjax.layers.axes import EMBED, HEAD_WIDTH, HEADS, dense_inits, named
 from tfmjax.layers.block_config import BlockConfig
@@ -66,6 +67,7 @@ class LatentAttention(nn.Module):
     window: int | None = None
     attention_stride: int | None = None
     global_tokens: int = 0
+    random_blocks: RandomBlocks | None = None
     scale: float | None = None
     impl: str = "auto"
     norm_eps: float = 1e-6
@@ -90,6 +92,7 @@ class LatentAttention(nn.Module):
             window=c.window,
             attention_stride=c.attention_stride,
             global_tokens=c.global_tokens,
+            random_blocks=c.random_blocks,
             scale=c.attention_scale,
             impl=c.attention_impl,
             norm_eps=c.norm_eps,
@@ -173,7 +176,9 @@ class LatentAttention(nn.Module):
             causal=causal,
             alibi_slopes=alibi_slopes,
             bias=bias,
-            **sparse_pattern(self.window, self.attention_stride, self.global_tokens),
+            **sparse_pattern(
+                self.window, self.attention_stride, self.global_tokens, self.random_blocks
+            ),
             scale=(1.0 / self.head_dim**0.5) if self.scale is None else self.scale,
             impl=self.impl,
         )

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from tfmjax.config import DTYPES as config_dtypes
 from tfmjax.config import ModelConfig
+from tfmjax.kernels.masks import RandomBlocks
 from tfmjax.layers.attention_variants import ATTENTION_VARIANTS, BIDIRECTIONAL_ONLY, CAUSAL_ONLY
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, VOCAB, constrain, dense_inits, named
 from tfmjax.layers.block_config import BlockConfig
@@ -32,6 +33,15 @@ from tfmjax.layers.positions import (
 from tfmjax.layers.stack import LayerStack
 
 DTYPES = {name: jnp.dtype(name) for name in config_dtypes}  # model.dtype -> compute dtype
+
+
+def random_blocks_of(cfg: ModelConfig) -> RandomBlocks | None:
+    """BigBird's random blocks of the config (None when ``model.random_blocks`` is 0); a
+    bidirectional draw ranges over the blocks of ``model.max_len`` positions."""
+    if not cfg.random_blocks:
+        return None
+    size = cfg.random_block_size
+    return RandomBlocks(cfg.random_blocks, size, cfg.random_blocks_seed, -(-cfg.max_len // size))
 
 
 def block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
@@ -57,6 +67,7 @@ def block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
         window=cfg.window,
         attention_stride=cfg.attention_stride,
         global_tokens=cfg.global_tokens,
+        random_blocks=random_blocks_of(cfg),
         attention=cfg.attention,
         kv_rank=cfg.latent_kv_rank,
         q_rank=cfg.q_rank,

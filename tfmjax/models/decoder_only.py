@@ -142,9 +142,10 @@ class DecoderOnly(Family, nn.Module):
 
     @property
     def equal_length_prompts(self) -> bool:
-        """Global tokens are the first cache slots, and left padding would shift them, so
-        :func:`tfmjax.decode.generate` decodes prompts of each length apart."""
-        return self.config.global_tokens > 0
+        """Global tokens are the first cache slots and random blocks are counted from slot 0,
+        and left padding would shift them, so :func:`tfmjax.decode.generate` decodes prompts of
+        each length apart."""
+        return self.config.global_tokens > 0 or self.config.random_blocks > 0
 
     @nn.nowrap
     def check_generation(self, lengths, max_new_tokens: int) -> None:
