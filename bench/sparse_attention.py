@@ -12,7 +12,9 @@ Shapes: B=1, N=K=4, H=64, causal, float32, ``impl="blockwise"`` with its default
 * ``window``: a sliding window of 256 past positions;
 * ``window+global``: the window and 64 global tokens (Longformer, Beltagy et al. 2020);
 * ``bigbird``: the window, 64 global tokens and 2 random key blocks of 64 per query block of
-  64 (BigBird, Zaheer et al. 2020).
+  64 (BigBird, Zaheer et al. 2020);
+* ``bigbird-256``: the window, 64 global tokens and 1 random key block of 256 per query block
+  of 256 (a random block as long as a ``--block 256`` kernel block: each costs one block).
 
 Each (T, pattern, mode) is compiled first, then timed in interleaved rounds (every cell once
 per round, so load from other processes hits all alike); the table shows medians. Modes:
@@ -48,6 +50,7 @@ PATTERNS = {
     "window": dict(window=WINDOW),
     "window+global": dict(window=WINDOW, global_tokens=GLOBAL),
     "bigbird": dict(window=WINDOW, global_tokens=GLOBAL, random_blocks=RandomBlocks(2, 64)),
+    "bigbird-256": dict(window=WINDOW, global_tokens=GLOBAL, random_blocks=RandomBlocks(1, 256)),
 }
 
 
