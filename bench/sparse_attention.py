@@ -28,6 +28,7 @@ buffers of the compiled executable (inputs and outputs excluded).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import time
@@ -41,6 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tfmjax.kernels import blockwise  # noqa: E402
 from tfmjax.kernels.block_geometry import pattern_ranges  # noqa: E402
 from tfmjax.kernels.masks import RandomBlocks  # noqa: E402
+
+# The timing helpers of the linear-attention bench (jit(grad(sum(out))), one timed call).
+_spec = importlib.util.spec_from_file_location(
+    "bench_linear_attention", Path(__file__).with_name("linear_attention.py")
+)
+_linear = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_linear)
+_fwd_bwd, _timed = _linear._fwd_bwd, _linear._timed
 
 B, N, H = 1, 4, 64
 LENGTHS = (1024, 4096, 16384)
@@ -95,16 +104,6 @@ def visited_fraction(T: int, pattern: dict, block: int) -> float:
             count += sum(bool(r.random(jnp.int32(j))) for j in candidates)
         visited += count
     return visited / (n * (n + 1) / 2)
-
-
-def _fwd_bwd(fn):
-    return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v)), argnums=(0, 1, 2))
-
-
-def _timed(fn, *args):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
 
 
 def bench(lengths, rounds, blocks):
