@@ -34,11 +34,11 @@ format: $(STAMP)
 
 # The whole suite, `slow` tests included (CI runs exactly this), after the lint.
 test: lint
-	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -q --durations=25
+	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=25
 
 # Everything but the tests marked slow, after the lint.
 test-fast: lint
-	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -q -m "not slow"
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
 
 # Mutation testing of the math modules (about 45 minutes on 2 cores; not in CI).
 # Sessions are kept in .mutation/, so a second run only does what is missing.

@@ -23,7 +23,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
-import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -35,12 +34,14 @@ MODULE_SECONDS = os.path.join(os.path.dirname(__file__), "module_seconds.json")
 def pytest_collection_modifyitems(config, items):
     """Mark as ``slow`` the tests listed in ``tests/slow_tests.txt`` (measured, not guessed;
     not with ``TFMJAX_SLOW_LIST=off``, which ``make mutate`` sets for its targets' tests),
-    put each module's tests in one xdist group (``--dist loadgroup``: one worker runs the
-    whole module, so its module fixtures are built, and its jitted functions traced, once;
-    one by one, its tests alternated between the workers and both did that work), and hand
-    the workers the longest modules first (``tests/module_seconds.json``, measured by
-    ``tools/test_seconds.py``; ``--no-loadscope-reorder`` keeps this order): a long module
-    no longer starts last and leaves one worker running alone."""
+    and hand the workers the longest modules first (``tests/module_seconds.json``, measured by
+    ``tools/test_seconds.py``; a module's tests stay together and in order): a long module no
+    longer starts last and leaves one worker running alone.
+
+    Each test is its own work unit, so a module's tests alternate between the two workers and
+    both build its module fixtures. Putting each module in an xdist group of its own ran a
+    384-test subset 10% faster, but when a worker crashed (a segfault inside XLA's compile,
+    once) xdist's scope scheduler requeued the whole module and the run hung."""
     with open(SLOW_LIST) as f:
         listed = {line.strip() for line in f if line.strip() and not line.startswith("#")}
     if os.environ.get("TFMJAX_SLOW_LIST") == "off":  # make mutate: every fast test of a file
@@ -50,8 +51,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in listed:
             item.add_marker("slow")
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     order = {}
     for item in items:
         order.setdefault(item.nodeid.split("::")[0], len(order))

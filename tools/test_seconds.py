@@ -2,7 +2,7 @@
 total seconds (setup, call and teardown). tests/conftest.py hands the longest modules to the
 xdist workers first, so no long module starts last and leaves one worker running alone.
 
-    python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -q --durations=0 > durations.log
+    python -m pytest -n 2 --dist loadgroup -q --durations=0 > durations.log
     python tools/test_seconds.py durations.log
     python tools/test_seconds.py durations.log --slow-above 2.5   # and extend the slow list
 
