@@ -48,6 +48,10 @@ BAD = [
         "model.random_block_size=0 is invalid: must be > 0",
     ),
     (
+        {"model": {"random_blocks": 1, "window": 2, "random_block_size": 4096, "max_len": 64}},
+        "model.random_block_size=4096 is invalid: must be below model.max_len=64",
+    ),
+    (
         {"model": {"d_model": 60, "num_heads": 8}},
         "model.d_model=60 is invalid: must be divisible by model.num_heads=8",
     ),

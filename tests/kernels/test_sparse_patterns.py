@@ -379,6 +379,7 @@ def test_traced_q_offset_matches_oracle(impl):
         (dict(global_tokens=1.5), r"global_tokens=1.5 must be an int >= 0"),
         (dict(global_tokens=None), r"global_tokens=None must be an int >= 0"),
         (dict(random_blocks=2), r"random_blocks=2 must be a tfmjax.kernels.masks.RandomBlocks"),
+        (dict(random_blocks=RandomBlocks(1, 2)), r"random_blocks.num_blocks=0 leaves nothing"),
     ],
 )
 def test_bad_pattern_arguments_are_one_line(kwargs, message):

@@ -230,6 +230,12 @@ class ModelConfig:
             "BigBird's random blocks join a sparse pattern: set model.window (or "
             "model.attention_stride), or 0",
         )
+        require(
+            not self.random_blocks or self.random_block_size < self.max_len,
+            "model.random_block_size",
+            self.random_block_size,
+            f"must be below model.max_len={self.max_len}: one block leaves nothing to draw",
+        )
         if self.attention_impl == "cudnn":
             self._check_cudnn()
 

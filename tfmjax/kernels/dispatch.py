@@ -132,7 +132,7 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _check_pattern(window, stride, global_tokens, random_blocks):
+def _check_pattern(window, stride, global_tokens, random_blocks, causal):
     """One-line errors for the static mask-pattern options (see :mod:`.masks`)."""
     if window is not None and window < 0:
         raise ValueError(f"window={window} must be >= 0 (or None for no window)")
@@ -143,6 +143,11 @@ def _check_pattern(window, stride, global_tokens, random_blocks):
     if random_blocks is not None and not isinstance(random_blocks, RandomBlocks):
         raise ValueError(
             f"random_blocks={random_blocks!r} must be a tfmjax.kernels.masks.RandomBlocks or None"
+        )
+    if random_blocks is not None and not causal and random_blocks.num_blocks < 2:
+        raise ValueError(
+            f"random_blocks.num_blocks={random_blocks.num_blocks} leaves nothing to draw "
+            "without causal: give the blocks of the longest sequence (>= 2)"
         )
 
 
@@ -210,7 +215,7 @@ def attention(
     trace time.
     """
     _check(q, k, v, q_segment_ids, kv_segment_ids, alibi_slopes, bias)
-    _check_pattern(window, stride, global_tokens, random_blocks)
+    _check_pattern(window, stride, global_tokens, random_blocks, causal)
     kw = dict(
         causal=causal,
         q_segment_ids=q_segment_ids,
