@@ -14,7 +14,8 @@ only trains what is missing or whose config changed, and the sweep can be spread
 sittings.
 MLA's latent width is chosen so that its parameter count matches softmax attention's (the
 table shows both counts); linear attention and the sparse patterns have the same
-projections as softmax attention.
+projections as softmax attention; the recurrent mixers (retention, selective scan) have
+their own, so their parameter counts differ.
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ VARIANTS = {
         + ["model.random_block_size=4"],
         "shakespeare_char": ["model.window=8", "model.global_tokens=4", "model.random_blocks=2"]
         + ["model.random_block_size=16"],
+    },
+    # The recurrent mixers (their own projections: the table shows their parameter counts)
+    "retention": {  # RetNet: multi-scale exponential decay, group norm, swish gate
+        "reverse": ["model.attention=retention"],
+        "shakespeare_char": ["model.attention=retention"],
+    },
+    "selective_scan": {  # Mamba-style: input-dependent decay, causal conv, associative scan
+        "reverse": ["model.attention=selective_scan"],
+        "shakespeare_char": ["model.attention=selective_scan"],
     },
 }
 BEGIN, END = "<!-- attention-systems-table -->", "<!-- /attention-systems-table -->"
