@@ -7,6 +7,7 @@ each run, removed at its end): many tests build the same small model and jit the
 anew, and XLA's compile dominates their time. A cache hit loads the same executable, so
 values are unchanged; tests that count compilations count traces, which still happen."""
 
+import gc
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
+import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -55,6 +57,42 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         order.setdefault(item.nodeid.split("::")[0], len(order))
     items.sort(key=lambda item: (-seconds.get(m := item.nodeid.split("::")[0], 0.0), order[m]))
+
+
+MAPS = "/proc/self/maps"
+MAX_MAPS = "/proc/sys/vm/max_map_count"
+
+
+def _map_limit() -> int | None:
+    """Half the kernel's limit on a process's memory mappings (None where there is none)."""
+    try:
+        with open(MAX_MAPS) as f:
+            return int(f.read()) // 2
+    except (OSError, ValueError):
+        return None
+
+
+_MAP_LIMIT = int(os.environ.get("TFMJAX_TEST_MAP_LIMIT", "0")) or _map_limit()
+_TESTS_RUN = [0]
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs_before_the_mapping_limit():
+    """Each executable XLA:CPU compiles holds memory mappings of its own, and jax's caches
+    keep them alive: late in a suite run a worker held 56,685 of the kernel's 65,530
+    (``vm.max_map_count``), and a compile or a cache write that needed one more crashed the
+    worker (a segfault inside XLA, twice at 98% of a run). Every 10th test, a worker over
+    half the limit drops jax's caches and collects what they held; what runs again comes
+    back from the run's compilation cache."""
+    yield
+    _TESTS_RUN[0] += 1
+    if _MAP_LIMIT is None or _TESTS_RUN[0] % 10:
+        return
+    with open(MAPS, "rb") as f:
+        mappings = f.read().count(b"\n")
+    if mappings > _MAP_LIMIT:
+        jax.clear_caches()
+        gc.collect()
 
 
 def pytest_sessionfinish(session, exitstatus):
