@@ -41,52 +41,55 @@ from sweep import parser as sweep_parser  # noqa: E402
 RESULTS = ROOT / "experiments" / "results" / "attention"
 TASKS = {
     "reverse": "configs/reverse_decoder.toml",
+    "associative_recall": "configs/associative_recall_decoder.toml",
+    "induction_head": "configs/induction_head_decoder.toml",
     "shakespeare_char": "configs/shakespeare_char.toml",
 }
-# Per task: the overrides of each attention system. MLA's kv_rank equalises parameters:
-# reverse (tiny-gpt2 width 64, biases): 8,320 + 194 R = 16,640 -> R = 43; shakespeare_char
-# (width 128, no biases): 32,768 + 385 R = 65,536 -> R = 85.
-VARIANTS = {
-    "softmax": {"reverse": [], "shakespeare_char": []},
-    "mla": {
-        "reverse": ["model.attention=mla", "model.kv_rank=43"],
-        "shakespeare_char": ["model.attention=mla", "model.kv_rank=85"],
-    },
-    "linear_elu": {
-        "reverse": ["model.attention=linear", "model.feature_map=elu"],
-        "shakespeare_char": ["model.attention=linear", "model.feature_map=elu"],
-    },
-    "linear_favor": {
-        "reverse": ["model.attention=linear", "model.feature_map=favor", "model.num_features=64"],
-        "shakespeare_char": [
-            "model.attention=linear",
-            "model.feature_map=favor",
-            "model.num_features=64",
-        ],
-    },
-    "strided": {  # Sparse Transformer: stride about sqrt(length)
-        "reverse": ["model.attention_stride=5"],
-        "shakespeare_char": ["model.attention_stride=8"],
-    },
-    "window_global": {  # Longformer: a local window and a few global positions
-        "reverse": ["model.window=4", "model.global_tokens=4"],
-        "shakespeare_char": ["model.window=8", "model.global_tokens=4"],
-    },
-    "bigbird": {  # BigBird: window and global positions as above, plus random key blocks
-        "reverse": ["model.window=4", "model.global_tokens=4", "model.random_blocks=1"]
+# The toy tasks' sequences are 15-22 tokens long and share the sparse patterns' sizes;
+# shakespeare_char's are 64.
+TOY = ("reverse", "associative_recall", "induction_head")
+# MLA's kv_rank equalises parameters with softmax attention (searched over R with
+# tfmjax.summary.count_params): reverse (tiny-gpt2 width 64, biases) 110,336 against 110,380
+# at R = 43; associative_recall (4 heads of 32) 137,344 / 137,104 at R = 60; induction_head
+# 104,192 / 104,144 at R = 48; shakespeare_char (width 128, no biases) 32,768 + 385 R = 65,536
+# per layer -> R = 85.
+MLA_RANK = {"reverse": 43, "associative_recall": 60, "induction_head": 48, "shakespeare_char": 85}
+# Per variant: its overrides on the toy tasks and on shakespeare_char.
+_VARIANTS = {
+    "softmax": ([], []),
+    "mla": (["model.attention=mla"], ["model.attention=mla"]),  # + the kv_rank above
+    "linear_elu": (["model.attention=linear", "model.feature_map=elu"],) * 2,
+    "linear_favor": (
+        ["model.attention=linear", "model.feature_map=favor", "model.num_features=64"],
+    )
+    * 2,
+    "strided": (  # Sparse Transformer: stride about sqrt(length)
+        ["model.attention_stride=5"],
+        ["model.attention_stride=8"],
+    ),
+    "window_global": (  # Longformer: a local window and a few global positions
+        ["model.window=4", "model.global_tokens=4"],
+        ["model.window=8", "model.global_tokens=4"],
+    ),
+    "bigbird": (  # BigBird: window and global positions as above, plus random key blocks
+        ["model.window=4", "model.global_tokens=4", "model.random_blocks=1"]
         + ["model.random_block_size=4"],
-        "shakespeare_char": ["model.window=8", "model.global_tokens=4", "model.random_blocks=2"]
+        ["model.window=8", "model.global_tokens=4", "model.random_blocks=2"]
         + ["model.random_block_size=16"],
-    },
+    ),
     # The recurrent mixers (their own projections: the table shows their parameter counts)
-    "retention": {  # RetNet: multi-scale exponential decay, group norm, swish gate
-        "reverse": ["model.attention=retention"],
-        "shakespeare_char": ["model.attention=retention"],
-    },
-    "selective_scan": {  # Mamba-style: input-dependent decay, causal conv, associative scan
-        "reverse": ["model.attention=selective_scan"],
-        "shakespeare_char": ["model.attention=selective_scan"],
-    },
+    # RetNet: multi-scale exponential decay, group norm, swish gate
+    "retention": (["model.attention=retention"],) * 2,
+    # Mamba-style: input-dependent decay, causal conv, associative scan
+    "selective_scan": (["model.attention=selective_scan"],) * 2,
+}
+VARIANTS = {
+    variant: {
+        task: list(toy if task in TOY else text)
+        + ([f"model.kv_rank={MLA_RANK[task]}"] if variant == "mla" else [])
+        for task in TASKS
+    }
+    for variant, (toy, text) in _VARIANTS.items()
 }
 BEGIN, END = "<!-- attention-systems-table -->", "<!-- /attention-systems-table -->"
 
