@@ -13,7 +13,12 @@ as the dense baseline (shakespeare_char: 4 layers, width 128, FFN 512):
 The steps run in chunks of ``--chunk``, the models taking turns chunk by chunk, so a busy
 machine slows all three alike; tokens/s is the median over chunks (the first, with the
 compile, left out). Loss is the train loss (NLL per token) of the last chunk, and for the
-mixtures the load-balancing loss and dropped fraction there. No figure is asserted anywhere.
+mixtures the load-balancing loss and dropped fraction there.
+
+Equal wall time: each model's clock is the sum of its chunks' seconds (the first chunk's
+counted at the median rate, without the compile); ``loss @ dense time`` is its chunk loss
+interpolated at the moment the dense model finished (the dense one, the fastest, ran every
+step by then; a slower model's curve is read part way). No figure is asserted anywhere.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 from tfmjax.config import load  # noqa: E402
 from tfmjax.train.run import build_run  # noqa: E402
@@ -75,12 +81,12 @@ def main(argv=None) -> None:
     parser.add_argument("--chunk", type=int, default=20)
     args = parser.parse_args(argv)
     base = load(args.config, [])
-    runs, states, rates, means = {}, {}, {}, {}
+    runs, states, rates, means, curves = {}, {}, {}, {}, {}
     for name, overrides in variants(base.model.d_ff).items():
         run = build_run(load(args.config, overrides))  # the config's schedule, cut short
         runs[name] = run
         states[name] = create_state(run.model, run.tx, run.batch(0), 0, run.state_shardings)
-        rates[name] = []
+        rates[name], curves[name] = [], []  # curves: (steps in chunk, seconds, chunk loss)
     for first in range(0, args.steps, args.chunk):
         end = min(first + args.chunk, args.steps)
         for name, run in runs.items():
@@ -94,9 +100,13 @@ def main(argv=None) -> None:
                 rates[name].append((end - first) * run.tokens_per_step / seconds)
             states[name] = state
             means[name] = window_means(jax.device_get(state.window))
+            curves[name].append((end - first, seconds, means[name]["loss"]))
     print(f"{args.config}, {args.steps} steps, {jax.devices()[0].device_kind}")
+    clocks = {
+        name: wall_clock(curves[name], runs[name].tokens_per_step, rates[name]) for name in runs
+    }
     header = f"{'model':8} {'params':>9} {'active':>9} {'tokens/s':>9} {'loss':>7}"
-    print(header + f" {'aux':>6} {'dropped':>7}")
+    print(header + f" {'aux':>6} {'dropped':>7} {'seconds':>8} {'loss @ dense time':>17}")
     for name, run in runs.items():
         params, cfg, m = states[name].params, run.experiment.model, means[name]
         rate = statistics.median(rates[name]) if rates[name] else float("nan")
@@ -104,7 +114,19 @@ def main(argv=None) -> None:
         row += f"{rate:>9.0f} {m['loss']:>7.4f}"
         if cfg.moe_experts:
             row += f" {m['moe_aux_loss']:>6.3f} {m['moe_dropped_fraction']:>7.3f}"
-        print(row)
+        else:
+            row += f" {'':>6} {'':>7}"
+        seconds, losses = clocks[name]
+        at_dense = np.interp(clocks["dense"][0][-1], seconds, losses)
+        print(row + f" {seconds[-1]:>8.1f} {at_dense:>17.4f}")
+
+
+def wall_clock(curve, tokens_per_step: int, rates) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds at the end of each chunk, its chunk loss): the first chunk's seconds are its
+    steps at the median rate, since its measured time holds the compile."""
+    per_step = tokens_per_step / statistics.median(rates) if rates else curve[0][1] / curve[0][0]
+    seconds = [curve[0][0] * per_step] + [s for _, s, _ in curve[1:]]
+    return np.cumsum(seconds), np.array([loss for _, _, loss in curve])
 
 
 if __name__ == "__main__":
