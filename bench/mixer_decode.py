@@ -3,6 +3,7 @@
     python bench/mixer_decode.py                 # GPU: width 768, 12 layers, T 1k..16k, bf16
     python bench/mixer_decode.py --quick         # CPU-sized: width 128, 2 layers, T 64..256
     python bench/mixer_decode.py --contexts 1024 4096 --batch 4 --json out.json
+    python bench/mixer_decode.py --only MHA --impl xla   # the softmax kernel picked by hand
 
 For each system of ``bench/cache_size.py`` (MHA, GQA, MQA, MLA, linear attention, retention,
 the selective scan), a decoder-only model with random weights:
@@ -103,6 +104,11 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="decode steps timed per call")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--impl",
+        default="auto",
+        help="model.attention_impl of the softmax systems (auto, xla, ...)",
+    )
+    parser.add_argument(
         "--only", nargs="+", help="systems whose name starts with one of these, in this order"
     )
     parser.add_argument("--json", type=Path, help="write the cells here as well")
@@ -120,7 +126,7 @@ def main(argv=None) -> int:
     print(
         f"jax {jax.__version__} on {jax.devices()[0].device_kind}; decoder-only, width {width}, "
         f"{heads} heads, {layers} layers, batch {args.batch}, {dtype}, {steps} decode steps a "
-        f"call, median of {args.repeats}"
+        f"call, median of {args.repeats}, attention_impl {args.impl}"
     )
     print(
         f"{'system':<22}{'T':>7}{'prefill ms':>12}{'prompt tok/s':>14}{'step ms':>9}"
@@ -134,6 +140,7 @@ def main(argv=None) -> int:
         layers=layers,
         batch=args.batch,
         dtype=dtype,
+        attention_impl=args.impl,
         steps=steps,
         repeats=args.repeats,
     )
@@ -145,7 +152,9 @@ def main(argv=None) -> int:
             args.json.write_text(json.dumps(dict(header, cells=cells), indent=1) + "\n")
 
     for name, cfg in systems.items():
-        cfg = dataclasses.replace(cfg, dtype=dtype, max_len=max(contexts) + steps + 1)
+        cfg = dataclasses.replace(
+            cfg, dtype=dtype, max_len=max(contexts) + steps + 1, attention_impl=args.impl
+        )
         for context in contexts:
             cell = dict(system=name, context=context)
             try:

