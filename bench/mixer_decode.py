@@ -17,7 +17,7 @@ the selective scan), a decoder-only model with random weights:
 * ``cache``: the decoding state's bytes per sequence at ``T + steps`` (the cache pytree, as
   in ``bench/cache_size.py``).
 
-Each cell is compiled once (compile time reported apart) and timed as the median of
+Each cell is compiled once (compile time, from jax's own compile timers, reported apart) and timed as the median of
 ``--repeats`` warm calls. Ratios are against MHA at the same T, in the same run. A cell that
 fails (out of memory, say) is recorded with its one-line reason and the run goes on.
 """
@@ -29,9 +29,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -40,26 +38,22 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tfmjax.kernels.dispatch import IMPLS  # noqa: E402
 from tfmjax.models import build  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_cache_size", Path(__file__).with_name("cache_size.py")
-)
-cache_size = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cache_size)  # the systems and their cache bytes
+
+def _bench_module(name: str):
+    """A sibling script of bench/ as a module."""
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", Path(__file__).with_name(f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _median_seconds(fn, repeats: int) -> tuple[float, float]:
-    """(seconds of the first call, compile included; median seconds of warm calls)."""
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
+cache_size = _bench_module("cache_size")  # the systems and their cache bytes
+decode_bench = _bench_module("decode")  # _timed: (compile seconds, median warm seconds)
 
 
 def measure(cfg, batch: int, context: int, steps: int, repeats: int) -> dict:
@@ -79,16 +73,16 @@ def measure(cfg, batch: int, context: int, steps: int, repeats: int) -> dict:
 
         return jax.lax.fori_loop(0, steps, step, (logits, cache))[0]
 
-    first_prefill, prefill_s = _median_seconds(lambda: prefill(params, arrays), repeats)
+    compile_prefill, prefill_s = decode_bench._timed(lambda: prefill(params, arrays), repeats)
     logits, cache = prefill(params, arrays)
-    first_decode, decode_s = _median_seconds(lambda: decode(params, logits, cache), repeats)
+    compile_decode, decode_s = decode_bench._timed(lambda: decode(params, logits, cache), repeats)
     step_s = decode_s / steps
     return dict(
         prefill_ms=1e3 * prefill_s,
         prefill_tokens_per_s=batch * context / prefill_s,
         step_ms=1e3 * step_s,
         decode_tokens_per_s=batch / step_s,
-        compile_s=first_prefill - prefill_s + first_decode - decode_s,
+        compile_s=compile_prefill + compile_decode,
         cache_bytes_per_sequence=cache_size.measured_bytes(cfg, context + steps),
     )
 
@@ -104,9 +98,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="decode steps timed per call")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--impl",
-        default="auto",
-        help="model.attention_impl of the softmax systems (auto, xla, ...)",
+        "--impl", default="auto", choices=IMPLS, help="model.attention_impl of the systems"
     )
     parser.add_argument(
         "--only", nargs="+", help="systems whose name starts with one of these, in this order"
@@ -122,6 +114,9 @@ def main(argv=None) -> int:
     dtype = "bfloat16" if gpu else "float32"  # XLA:CPU's bf16 decode fails at batch > 1
     systems = cache_size.systems(width, heads, layers)
     if args.only:
+        unknown = [p for p in args.only if not any(k.startswith(p) for k in systems)]
+        if unknown:
+            parser.error(f"--only {unknown[0]!r} names no system; systems: {', '.join(systems)}")
         systems = {k: v for p in args.only for k, v in systems.items() if k.startswith(p)}
     print(
         f"jax {jax.__version__} on {jax.devices()[0].device_kind}; decoder-only, width {width}, "
