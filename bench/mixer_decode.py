@@ -17,8 +17,8 @@ the selective scan), a decoder-only model with random weights:
 * ``cache``: the decoding state's bytes per sequence at ``T + steps`` (the cache pytree, as
   in ``bench/cache_size.py``).
 
-Each cell is compiled once (compile time, from jax's own compile timers, reported apart) and timed as the median of
-``--repeats`` warm calls. Ratios are against MHA at the same T, in the same run. A cell that
+Each cell is compiled once (compile time, from jax's own compile timers, reported apart)
+and timed as the median of ``--repeats`` warm calls. Ratios are against MHA at the same T, in the same run. A cell that
 fails (out of memory, say) is recorded with its one-line reason and the run goes on.
 """
 
