@@ -38,6 +38,8 @@ from sweep import (  # noqa: E402
 )
 from sweep import parser as sweep_parser  # noqa: E402
 
+from tfmjax.config import load  # noqa: E402
+
 RESULTS = ROOT / "experiments" / "results" / "attention"
 TASKS = {
     "reverse": "configs/reverse_decoder.toml",
@@ -54,9 +56,15 @@ TOY = ("reverse", "associative_recall", "induction_head")
 # 104,192 / 104,144 at R = 48; shakespeare_char (width 128, no biases) 32,768 + 385 R = 65,536
 # per layer -> R = 85.
 MLA_RANK = {"reverse": 43, "associative_recall": 60, "induction_head": 48, "shakespeare_char": 85}
-# Tasks whose configs use RoPE, which the selective scan cannot take (its causal convolution
-# and input-dependent decay carry order, as in Mamba): it runs them without positions.
-ROPE_TASKS = ("associative_recall", "induction_head")
+
+
+def _uses_rope(task: str) -> bool:
+    """The task's config uses RoPE, which the selective scan cannot take (its causal
+    convolution and input-dependent decay carry order, as in Mamba): it runs such a task
+    without positions."""
+    return load(ROOT / TASKS[task]).model.position == "rope"
+
+
 # Per variant: its overrides on the toy tasks and on shakespeare_char.
 _VARIANTS = {
     "softmax": ([], []),
@@ -94,7 +102,7 @@ VARIANTS = {
     variant: {
         task: list(toy if task in TOY else text)
         + ([f"model.kv_rank={MLA_RANK[task]}"] if variant == "mla" else [])
-        + (["model.position=none"] if variant == "selective_scan" and task in ROPE_TASKS else [])
+        + (["model.position=none"] if variant == "selective_scan" and _uses_rope(task) else [])
         for task in TASKS
     }
     for variant, (toy, text) in _VARIANTS.items()
