@@ -18,8 +18,9 @@ the selective scan), a decoder-only model with random weights:
   in ``bench/cache_size.py``).
 
 Each cell is compiled once (compile time, from jax's own compile timers, reported apart)
-and timed as the median of ``--repeats`` warm calls. Ratios are against MHA at the same T, in the same run. A cell that
-fails (out of memory, say) is recorded with its one-line reason and the run goes on.
+and timed as the median of ``--repeats`` warm calls. Ratios are against MHA at the same T,
+in the same run. A cell that fails (out of memory, say) is recorded with its one-line reason
+and the run goes on.
 """
 
 from __future__ import annotations
