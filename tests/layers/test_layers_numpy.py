@@ -13,14 +13,12 @@ from tfmjax.layers.mlp import FeedForward
 from tfmjax.layers.norms import LayerNorm, RMSNorm, make_norm
 from tfmjax.layers.positions import alibi_slopes, apply_rope, relative_bucket, sinusoidal
 
-RNG = np.random.default_rng(0)
 
-
-def test_layernorm_matches_seed_formula():
+def test_layernorm_matches_seed_formula(rng):
     # LayerNorm (Ba et al. 2016): gamma * (x - mu) / sqrt(sigma^2 + eps) + beta
-    x = RNG.normal(size=(2, 3, 8)).astype(np.float32) * 3 + 1
-    gamma = RNG.normal(size=8).astype(np.float32)
-    beta = RNG.normal(size=8).astype(np.float32)
+    x = rng.normal(size=(2, 3, 8)).astype(np.float32) * 3 + 1
+    gamma = rng.normal(size=8).astype(np.float32)
+    beta = rng.normal(size=8).astype(np.float32)
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     expected = gamma * (x - mu) / np.sqrt(var + 1e-5) + beta
@@ -28,19 +26,19 @@ def test_layernorm_matches_seed_formula():
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_rmsnorm_matches_formula():
-    x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
-    gamma = RNG.normal(size=8).astype(np.float32)
+def test_rmsnorm_matches_formula(rng):
+    x = rng.normal(size=(2, 3, 8)).astype(np.float32)
+    gamma = rng.normal(size=8).astype(np.float32)
     expected = gamma * x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6)
     got = RMSNorm(eps=1e-6).apply({"params": {"scale": gamma}}, x)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
-def test_norm_eps_is_added_to_the_variance(kind):
+def test_norm_eps_is_added_to_the_variance(kind, rng):
     """With unit-variance rows and eps = 0.5 the eps term is a third of the denominator,
     so adding it anywhere else (or subtracting it) shows."""
-    x = RNG.normal(size=(3, 16)).astype(np.float32)
+    x = rng.normal(size=(3, 16)).astype(np.float32)
     x = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)  # mean 0, variance 1
     module = make_norm(kind, eps=0.5)
     params = nn.unbox(module.init(jax.random.key(0), x))
@@ -102,17 +100,17 @@ def numpy_rope(x, positions, base=10000.0):
     return out
 
 
-def test_rope_matches_algorithm_5_7():
-    x = RNG.normal(size=(6, 2, 8)).astype(np.float32)  # [T, N, H]
+def test_rope_matches_algorithm_5_7(rng):
+    x = rng.normal(size=(6, 2, 8)).astype(np.float32)  # [T, N, H]
     positions = np.array([0, 1, 2, 5, 9, 100])
     got = apply_rope(jnp.asarray(x)[None], jnp.asarray(positions)[None])[0]
     np.testing.assert_allclose(got, numpy_rope(x, positions), rtol=1e-4, atol=1e-4)
 
 
-def test_rope_dot_product_depends_only_on_offset():
+def test_rope_dot_product_depends_only_on_offset(rng):
     # RoPE (Su et al. 2021): (R_m q)^T (R_n k) = q^T R_{n-m} k.
-    q = jnp.asarray(RNG.normal(size=(1, 1, 1, 16)), jnp.float32)
-    k = jnp.asarray(RNG.normal(size=(1, 1, 1, 16)), jnp.float32)
+    q = jnp.asarray(rng.normal(size=(1, 1, 1, 16)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(1, 1, 1, 16)), jnp.float32)
     score = lambda m, n: float(
         jnp.sum(apply_rope(q, jnp.array([[m]])) * apply_rope(k, jnp.array([[n]])))
     )
@@ -161,11 +159,11 @@ def _ffn_numpy(x, p, activation):
 @pytest.mark.parametrize(
     "activation", ["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
 )
-def test_feed_forward_matches_seed_formulas(activation):
-    x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
+def test_feed_forward_matches_seed_formulas(activation, rng):
+    x = rng.normal(size=(2, 3, 8)).astype(np.float32)
     module = FeedForward(d_ff=12, activation=activation)
     params = nn.unbox(module.init(jax.random.key(0), x))["params"]
-    params = jax.tree.map(lambda p: p + 0.1 * RNG.normal(size=p.shape).astype(np.float32), params)
+    params = jax.tree.map(lambda p: p + 0.1 * rng.normal(size=p.shape).astype(np.float32), params)
     expected = _ffn_numpy(x.astype(np.float64), jax.tree.map(np.asarray, params), activation)
     np.testing.assert_allclose(module.apply({"params": params}, x), expected, rtol=1e-4, atol=1e-5)
     assert ("gate" in params) == (activation in ("swiglu", "geglu", "geglu_tanh"))
@@ -174,10 +172,10 @@ def test_feed_forward_matches_seed_formulas(activation):
     assert params["up"]["kernel"].shape == (8, 12) and params["down"]["kernel"].shape == (12, 8)
 
 
-def test_feed_forward_dropout_is_off_unless_asked():
+def test_feed_forward_dropout_is_off_unless_asked(rng):
     """No dropout by default (rate 0), and a dropout rate acts only when ``deterministic``
     is turned off: the module is deterministic unless the caller says otherwise."""
-    x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
+    x = rng.normal(size=(2, 3, 8)).astype(np.float32)
     plain = FeedForward(d_ff=32)
     params = nn.unbox(plain.init(jax.random.key(0), x))
     rngs = {"dropout": jax.random.key(1)}

@@ -15,8 +15,6 @@ import pytest
 
 from tfmjax.layers.embeddings import tied_logits
 
-RNG = np.random.default_rng(0)
-
 
 def _autodiff_twin(x, table):
     return jnp.einsum("BTD,VD->BTV", x, table, preferred_element_type=jnp.float32)
@@ -27,16 +25,16 @@ def _grads(fn, x, table, g):
     return vjp(g)
 
 
-def _inputs(dtype):
-    x = RNG.normal(size=(2, 5, 8)).astype(np.float32)
-    table = RNG.normal(size=(11, 8)).astype(np.float32)
-    g = RNG.normal(size=(2, 5, 11)).astype(np.float32)
+def _inputs(dtype, rng):
+    x = rng.normal(size=(2, 5, 8)).astype(np.float32)
+    table = rng.normal(size=(11, 8)).astype(np.float32)
+    g = rng.normal(size=(2, 5, 11)).astype(np.float32)
     return jnp.asarray(x, dtype), jnp.asarray(table, dtype), jnp.asarray(g)
 
 
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 5e-2)])
-def test_values_and_grads_match_autodiff(dtype, tol):
-    x, table, g = _inputs(dtype)
+def test_values_and_grads_match_autodiff(dtype, tol, rng):
+    x, table, g = _inputs(dtype, rng)
     got, want = tied_logits(x, table), _autodiff_twin(x, table)
     assert got.dtype == jnp.float32
     np.testing.assert_array_equal(got, want)
@@ -46,8 +44,8 @@ def test_values_and_grads_match_autodiff(dtype, tol):
         np.testing.assert_allclose(np.float32(a), np.float32(b), atol=tol, rtol=tol)
 
 
-def test_bfloat16_backward_has_no_float32_matmul():
-    x, table, g = _inputs(jnp.bfloat16)
+def test_bfloat16_backward_has_no_float32_matmul(rng):
+    x, table, g = _inputs(jnp.bfloat16, rng)
 
     def operand_types(fn):
         text = jax.jit(lambda x, t: _grads(fn, x, t, g)).lower(x, table).as_text()
