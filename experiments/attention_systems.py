@@ -4,14 +4,17 @@
     python experiments/attention_systems.py --table   # ... and rewrite its table in docs/studies.md
     python experiments/attention_systems.py --only reverse --variants softmax,mla
     python experiments/attention_systems.py --jobs 2 --dry-run   # list what would train
+    python experiments/attention_systems.py --seeds 0 --only reverse   # one seed, one task
 
 Each run is ``train.py CONFIG OVERRIDES`` (wall time from start to exit, compilation
 included), trained by the process pool of ``python -m tfmjax.sweep`` on the 2-core CPU,
 ``--jobs`` at once, each pinned to a core (see ``experiments/sweep.py``); its result is a
-small JSON file in ``experiments/results/attention/`` keyed by a hash of the config (its
-fields not at their defaults: a field added at its default changes no key), so a rerun
-only trains what is missing or whose config changed, and the sweep can be spread over
-sittings.
+small JSON file ``experiments/results/attention/TASK-VARIANT-seedS.json`` keyed by a hash
+of the config (its fields not at their defaults: a field added at its default changes no
+key), so a rerun only trains what is missing or whose config changed, and the sweep can be
+spread over sittings. Each (task, variant) trains with seeds 0, 1 and 2 (``train.seed``:
+initialisation, data order and dropout); the table gives the mean and the range over the
+seeds stored, the figure (``docs/attention_systems.png``) every seed's result.
 MLA's latent width is chosen so that its parameter count matches softmax attention's (the
 table shows both counts); linear attention and the sparse patterns have the same
 projections as softmax attention; the recurrent mixers (retention, selective scan) have
@@ -41,6 +44,8 @@ from sweep import parser as sweep_parser  # noqa: E402
 from tfmjax.config import load  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "attention"
+FIGURE = ROOT / "docs" / "attention_systems.png"
+SEEDS = (0, 1, 2)
 TASKS = {
     "reverse": "configs/reverse_decoder.toml",
     "associative_recall": "configs/associative_recall_decoder.toml",
@@ -110,62 +115,136 @@ VARIANTS = {
 BEGIN, END = "<!-- attention-systems-table -->", "<!-- /attention-systems-table -->"
 
 
-def result_path(task: str, variant: str) -> Path:
-    return RESULTS / f"{task}-{variant}.json"
+def result_path(task: str, variant: str, seed: int) -> Path:
+    return RESULTS / f"{task}-{variant}-seed{seed}.json"
 
 
-def run_of(task: str, variant: str, extra: list[str], root: Path) -> Run:
-    """The run of one (task, variant), its workdir under ``root``."""
-    overrides = (*VARIANTS[variant][task], *extra)
-    label = f"{task} with {variant}"
-    return Run("attention", f"{task}-{variant}", label, TASKS[task], overrides, root)
+def overrides_of(task: str, variant: str, seed: int, extra: list[str]) -> list[str]:
+    return [*VARIANTS[variant][task], f"train.seed={seed}", *extra]
 
 
-def pending(tasks, variants, extra: list[str]) -> list[tuple[str, str]]:
-    """The (task, variant) pairs with no result, or a result of another config."""
+def run_of(task: str, variant: str, seed: int, extra: list[str], root: Path) -> Run:
+    """The run of one (task, variant, seed), its workdir under ``root``."""
+    label = f"{task} with {variant}, seed {seed}"
+    name = f"{task}-{variant}-seed{seed}"
+    return Run(
+        "attention", name, label, TASKS[task], tuple(overrides_of(task, variant, seed, extra)), root
+    )
+
+
+def pending(tasks, variants, seeds, extra: list[str]) -> list[tuple[str, str, int]]:
+    """The (task, variant, seed) runs with no result, or a result of another config."""
     return [
-        (task, variant)
+        (task, variant, seed)
+        for seed in seeds
         for task in tasks
         for variant in variants
-        if not is_current(result_path(task, variant), TASKS[task], VARIANTS[variant][task] + extra)
+        if not is_current(
+            result_path(task, variant, seed), TASKS[task], overrides_of(task, variant, seed, extra)
+        )
     ]
 
 
-def table(tasks, variants) -> str:
-    """The markdown table of the stored results (missing ones shown as such)."""
+def stored(task: str, variant: str, seeds, extra=()) -> list[dict]:
+    """The current results of (task, variant), one per seed that has one."""
+    return [
+        json.loads(result_path(task, variant, seed).read_text())
+        for seed in seeds
+        if is_current(
+            result_path(task, variant, seed),
+            TASKS[task],
+            overrides_of(task, variant, seed, list(extra)),
+        )
+    ]
+
+
+def score(task: str, record: dict) -> float | None:
+    """The quantity compared: validation loss on text, exact-match on the toy tasks; None for
+    a run that diverged."""
+    if record.get("diverged_at"):
+        return None
+    return record["loss"] if task == "shakespeare_char" else record["exact_match"]
+
+
+def _spread(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.3f}"
+    return f"{mean:.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def table(tasks, variants, seeds, extra=()) -> str:
+    """The markdown table of the stored results: the mean over seeds, their range in
+    brackets; a seed that diverged is counted apart (missing ones shown as such)."""
     lines = [
-        "| task | attention | parameters | result | wall |",
-        "| --- | --- | ---: | --- | ---: |",
+        "| task | attention | parameters | seeds | result: mean (range) | wall, mean |",
+        "| --- | --- | ---: | ---: | --- | ---: |",
     ]
     for task in tasks:
         for variant in variants:
-            path = result_path(task, variant)
-            if not path.is_file():
-                lines.append(f"| `{task}` | {variant} | | not run | |")
+            records = stored(task, variant, seeds, extra)
+            if not records:
+                lines.append(f"| `{task}` | {variant} | | 0 | not run | |")
                 continue
-            r = json.loads(path.read_text())
-            if r.get("diverged_at"):
-                where = f"diverged (non-finite loss) at step {r['diverged_at']}"
-                if "loss" in r:
-                    where += f"; last eval, step {r['step']}: loss {r['loss']:.3f}"
-                lines.append(
-                    f"| `{task}` | {variant} | {r['params']:,} | {where} | {r['wall_sec']:.0f} s |"
-                )
-                continue
-            if task == "shakespeare_char":
-                result = f"val loss {r['loss']:.3f} ({r['bits_per_char']:.3f} bits/char)"
-            else:
-                result = f"exact-match {r['exact_match']:.3f}"
+            scores = [s for s in (score(task, r) for r in records) if s is not None]
+            steps = sorted({r["step"] for r in records if score(task, r) is not None})
+            parts = []
+            if scores:
+                metric = "val loss" if task == "shakespeare_char" else "exact-match"
+                at = "/".join(str(s) for s in steps)
+                parts.append(f"{metric} {_spread(scores)} at step {at}")
+            diverged = [r["diverged_at"] for r in records if score(task, r) is None]
+            if diverged:
+                steps_at = ", ".join(str(s) for s in diverged)
+                parts.append(f"{len(diverged)} diverged (non-finite loss; step {steps_at})")
+            wall = sum(r["wall_sec"] for r in records) / len(records)
             lines.append(
-                f"| `{task}` | {variant} | {r['params']:,} | {result} at step {r['step']} "
-                f"| {r['wall_sec']:.0f} s |"
+                f"| `{task}` | {variant} | {records[0]['params']:,} | {len(records)} "
+                f"| {'; '.join(parts)} | {wall:.0f} s |"
             )
     return "\n".join(lines)
+
+
+def figure(tasks, variants, seeds, path: Path, extra=()) -> None:
+    """One panel per task: each variant's result per seed (dots) and their mean (a bar), the
+    softmax mean as a dashed line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.0 * len(tasks), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    for ax, task in zip(axes, tasks, strict=True):
+        for x, variant in enumerate(variants):
+            records = stored(task, variant, seeds, extra)
+            scores = [s for s in (score(task, r) for r in records) if s is not None]
+            if not scores:
+                continue
+            mean = sum(scores) / len(scores)
+            ax.bar(x, mean, color="tab:blue" if variant == "softmax" else "tab:gray", alpha=0.6)
+            ax.plot([x] * len(scores), scores, "k.", markersize=5)
+            if variant == "softmax":
+                ax.axhline(mean, color="tab:blue", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(variants)))
+        ax.set_xticklabels(variants, rotation=60, ha="right", fontsize="small")
+        text = task == "shakespeare_char"
+        ax.set_ylabel("validation loss (lower is better)" if text else "exact-match")
+        if text:
+            low = [score(task, r) for v in variants for r in stored(task, v, seeds, extra)]
+            low = [s for s in low if s is not None]
+            if low:
+                ax.set_ylim(min(low) - 0.1, max(low) + 0.1)
+        else:
+            ax.set_ylim(0, 1.03)
+        ax.set_title(task, fontsize="medium")
+        ax.grid(axis="y", alpha=0.3)
+    FigureCanvasAgg(fig).print_png(str(path))
 
 
 def main(argv=None) -> int:
     parser = sweep_parser(__doc__, sorted(TASKS))
     parser.add_argument("--variants", help="comma-separated subset of " + ", ".join(VARIANTS))
+    parser.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--figure", help="where the PNG goes (default docs/)")
     args = parser.parse_args(argv)
     global RESULTS
     if args.results:
@@ -175,18 +254,32 @@ def main(argv=None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant {unknown[0]!r}; variants: {', '.join(VARIANTS)}")
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else SEEDS
+    except ValueError:
+        parser.error(f"--seeds takes comma-separated integers, got {args.seeds!r}")
     root = runs_dir(args.results)
-    runs = {run_of(*pair, args.extra, root): pair for pair in pending(tasks, variants, args.extra)}
+    runs = {
+        run_of(*key, args.extra, root): key for key in pending(tasks, variants, seeds, args.extra)
+    }
 
     def store(run: Run, record: dict) -> None:
-        task, variant = runs[run]
-        save(result_path(task, variant), {"task": task, "variant": variant, **record})
+        task, variant, seed = runs[run]
+        save(
+            result_path(task, variant, seed),
+            {"task": task, "variant": variant, "seed": seed, **record},
+        )
         print(f"  {run.label}: {record['wall_sec']:.0f} s, step {record['step']}", flush=True)
 
     code = train_missing(list(runs), store, **train_options(args))
-    print(table(tasks, variants))
-    if args.table and not args.dry_run:
-        write_table(BEGIN, END, table(list(TASKS), list(VARIANTS)))
+    print(table(tasks, variants, seeds, args.extra))
+    if args.dry_run:
+        return code
+    if args.figure:
+        figure(tasks, variants, seeds, Path(args.figure), args.extra)
+    if args.table:
+        figure(list(TASKS), list(VARIANTS), SEEDS, FIGURE)
+        write_table(BEGIN, END, table(list(TASKS), list(VARIANTS), SEEDS))
     return code
 
 
