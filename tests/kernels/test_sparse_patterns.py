@@ -329,10 +329,15 @@ def test_random_blocks_keep_skipping():
     a late query block visits its own block and at most its random one, not the other 14."""
     rb = RandomBlocks(1, 4, seed=3)
     pattern = dict(causal=True, window=0, stride=None, global_tokens=0, random_blocks=rb)
-    for i in range(1, 16):
+
+    def ranges_and_target(i):
         ranges = block_geometry.pattern_ranges(4 * i, 4 * i + 3, 4, 16, **pattern, num_full=16)
-        got = visits(candidates(ranges, 16), 16)
-        target = int(masks.random_key_block(rb, jnp.int32(i), 0, causal=True))
+        return candidates(ranges, 16), masks.random_key_block(rb, i, 0, causal=True)
+
+    every = jax.jit(jax.vmap(ranges_and_target))(jnp.arange(16, dtype=jnp.int32))
+    for i in range(1, 16):
+        ranges, target = jax.tree.map(lambda x, i=i: x[i], every)
+        got, target = visits(ranges, 16), int(target)
         want = np.zeros(16, int)
         want[target] = 1
         want[i] = 1  # own block: the diagonal, masked
