@@ -217,6 +217,16 @@ def figure(tasks, variants, seeds, path: Path, extra=()) -> None:
         for x, variant in enumerate(variants):
             records = stored(task, variant, seeds, extra)
             scores = [s for s in (score(task, r) for r in records) if s is not None]
+            if records and not scores:
+                ax.annotate(
+                    "diverged",
+                    (x, 0.5),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    ha="center",
+                    va="center",
+                    fontsize="small",
+                )
             if not scores:
                 continue
             mean = sum(scores) / len(scores)
