@@ -186,14 +186,14 @@ def table(tasks, variants, seeds, extra=()) -> str:
             if not records:
                 lines.append(f"| `{task}` | {variant} | | 0 | not run | |")
                 continue
-            scores = [s for s in (score(task, r) for r in records) if s is not None]
-            steps = sorted({r["step"] for r in records if score(task, r) is not None})
+            finished = [r for r in records if score(task, r) is not None]
+            scores = [score(task, r) for r in finished]
             parts = []
             if scores:
                 metric = "val loss" if task == "shakespeare_char" else "exact-match"
-                at = "/".join(str(s) for s in steps)
+                at = "/".join(str(s) for s in sorted({r["step"] for r in finished}))
                 parts.append(f"{metric} {_spread(scores)} at step {at}")
-            diverged = [r["diverged_at"] for r in records if score(task, r) is None]
+            diverged = [r["diverged_at"] for r in records if r not in finished]
             if diverged:
                 steps_at = ", ".join(str(s) for s in diverged)
                 parts.append(f"{len(diverged)} diverged (non-finite loss; step {steps_at})")
@@ -214,9 +214,11 @@ def figure(tasks, variants, seeds, path: Path, extra=()) -> None:
     fig = Figure(figsize=(4.0 * len(tasks), 3.6), layout="constrained")
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     for ax, task in zip(axes, tasks, strict=True):
+        every = []
         for x, variant in enumerate(variants):
             records = stored(task, variant, seeds, extra)
             scores = [s for s in (score(task, r) for r in records) if s is not None]
+            every += scores
             if records and not scores:
                 ax.annotate(
                     "diverged",
@@ -238,11 +240,8 @@ def figure(tasks, variants, seeds, path: Path, extra=()) -> None:
         ax.set_xticklabels(variants, rotation=60, ha="right", fontsize="small")
         text = task == "shakespeare_char"
         ax.set_ylabel("validation loss (lower is better)" if text else "exact-match")
-        if text:
-            low = [score(task, r) for v in variants for r in stored(task, v, seeds, extra)]
-            low = [s for s in low if s is not None]
-            if low:
-                ax.set_ylim(min(low) - 0.1, max(low) + 0.1)
+        if text and every:
+            ax.set_ylim(min(every) - 0.1, max(every) + 0.1)
         else:
             ax.set_ylim(0, 1.03)
         ax.set_title(task, fontsize="medium")
@@ -254,7 +253,9 @@ def main(argv=None) -> int:
     parser = sweep_parser(__doc__, sorted(TASKS))
     parser.add_argument("--variants", help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
-    parser.add_argument("--figure", help="where the PNG goes (default docs/)")
+    parser.add_argument(
+        "--figure", help="also draw the chosen runs' figure to this PNG (--table redraws docs/'s)"
+    )
     args = parser.parse_args(argv)
     global RESULTS
     if args.results:
