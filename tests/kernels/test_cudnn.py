@@ -327,14 +327,18 @@ def test_check_batch_takes_trailing_padding():
 
 
 def test_auto_table_rows():
-    """Every platform's rows start at length 0 and increase; today (no accelerator has
-    measured them) GPUs and TPUs keep Pallas and the CPU switches to blockwise at 512."""
+    """Every platform's rows start at length 0 and increase; GPUs and TPUs run Pallas on
+    long queries, cuda runs a one-token decode step through xla (measured on an H200), and
+    the CPU switches to blockwise at 512."""
     for platform in kernels.LOWERING_PLATFORMS:
         starts = [start for start, _ in kernels.AUTO_TABLE[platform]]
         assert starts[0] == 0 and starts == sorted(set(starts)), platform
         assert {name for _, name in kernels.AUTO_TABLE[platform]} <= set(kernels.IMPLS)
     for platform in ("cuda", "rocm", "tpu", "gpu"):
         assert kernels.choose_impl("auto", q_len=4096, kv_len=4096, backend=platform) == "pallas"
+        assert kernels.choose_impl("auto", q_len=2, kv_len=4096, backend=platform) == "pallas"
+        decode = kernels.choose_impl("auto", q_len=1, kv_len=4096, backend=platform)
+        assert decode == ("xla" if platform in ("cuda", "gpu") else "pallas"), platform
     n = kernels.BLOCKWISE_MIN_LEN_CPU
     assert kernels.choose_impl("auto", q_len=n, kv_len=n, backend="cpu") == "blockwise"
 

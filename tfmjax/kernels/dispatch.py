@@ -15,9 +15,9 @@ computation is lowered, through ``jax.lax.platform_dependent`` (branches ``cpu``
 * ``impl="pallas"``: the kernel flavour -- Triton on cuda/rocm, Mosaic on tpu, the
   interpreter on cpu (see :mod:`tfmjax.kernels.pallas_attention`).
 * ``impl="auto"``: :func:`choose_impl` for each platform, from :data:`AUTO_TABLE` (per
-  platform and length); when they differ (no bias: pallas on cuda/rocm/tpu, xla or
-  blockwise on cpu by length) each platform's choice is a branch, pallas and cudnn
-  branches with their platform fixed. When all platforms agree (a dense ``bias``: xla
+  platform and length); when they differ (no bias: pallas on cuda/rocm/tpu but xla for a
+  one-token query on cuda, xla or blockwise on cpu by length) each platform's choice is a
+  branch, pallas and cudnn branches with their platform fixed. When all platforms agree (a dense ``bias``: xla
   everywhere) there is no dispatch.
 * ``impl="cudnn"``: cuDNN's fused attention when lowered for ``cuda``; for any other
   platform, lowering raises a one-line ConfigError (see
@@ -64,7 +64,12 @@ BLOCKWISE_MIN_LEN_CPU = 512
 # What "auto" runs on each platform: ``(from_length, impl)`` rows in increasing order; the
 # last row whose ``from_length <= min(T, S)`` applies. Where the numbers come from:
 # * cpu: measured on a 2-core CPU (:data:`BLOCKWISE_MIN_LEN_CPU`).
-# * cuda: Pallas. On an H200 (bench/README.md, bf16, H=128, T=1k-16k) cuDNN's
+# * cuda: one query row (a decode step, ``T = 1``) runs xla, longer queries Pallas. On an
+#   H200 (bench/README.md: width 768, 12 layers, bf16, batch 1) a decode step through the
+#   Pallas kernel, which pads the query row to a tile of 16, took 0.85 / 1.44 / 4.57 ms at a
+#   1k / 4k / 16k cache and through xla 0.67 / 0.77 / 1.06 ms (MLA's 288-wide latent heads:
+#   15.8 against 1.09 ms at 16k), while Pallas prefilled 4.5-6.4x faster at 4k-16k. On the
+#   same H200 (bf16, H=128, T=1k-16k) cuDNN's
 #   forward+backward ran 1.7-3.1x faster than Pallas, but cuDNN's masks take only one
 #   segment followed by padding per row, and segment ids are traced, so "auto" cannot know
 #   a batch is of that form: a packed or left-padded batch would be masked wrongly.
@@ -77,7 +82,7 @@ BLOCKWISE_MIN_LEN_CPU = 512
 # (not importable) to the cpu row.
 AUTO_TABLE: dict[str, tuple[tuple[int, str], ...]] = {
     "cpu": ((0, "xla"), (BLOCKWISE_MIN_LEN_CPU, "blockwise")),
-    "cuda": ((0, "pallas"),),
+    "cuda": ((0, "xla"), (2, "pallas")),
     "rocm": ((0, "pallas"),),
     "tpu": ((0, "pallas"),),
 }
