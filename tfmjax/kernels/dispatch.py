@@ -17,8 +17,8 @@ computation is lowered, through ``jax.lax.platform_dependent`` (branches ``cpu``
 * ``impl="auto"``: :func:`choose_impl` for each platform, from :data:`AUTO_TABLE` (per
   platform and length); when they differ (no bias: pallas on cuda/rocm/tpu but xla for a
   one-token query on cuda, xla or blockwise on cpu by length) each platform's choice is a
-  branch, pallas and cudnn branches with their platform fixed. When all platforms agree (a dense ``bias``: xla
-  everywhere) there is no dispatch.
+  branch, pallas and cudnn branches with their platform fixed. When all platforms agree (a
+  dense ``bias``: xla everywhere) there is no dispatch.
 * ``impl="cudnn"``: cuDNN's fused attention when lowered for ``cuda``; for any other
   platform, lowering raises a one-line ConfigError (see
   :mod:`tfmjax.kernels.cudnn_attention`).
