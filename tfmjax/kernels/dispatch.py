@@ -69,10 +69,10 @@ BLOCKWISE_MIN_LEN_CPU = 512
 #   Pallas kernel, which pads the query row to a tile of 16, took 0.85 / 1.44 / 4.57 ms at a
 #   1k / 4k / 16k cache and through xla 0.67 / 0.77 / 1.06 ms (MLA's 288-wide latent heads:
 #   15.8 against 1.09 ms at 16k), while Pallas prefilled 4.5-6.4x faster at 4k-16k. On the
-#   same H200 (bf16, H=128, T=1k-16k) cuDNN's
-#   forward+backward ran 1.7-3.1x faster than Pallas, but cuDNN's masks take only one
-#   segment followed by padding per row, and segment ids are traced, so "auto" cannot know
-#   a batch is of that form: a packed or left-padded batch would be masked wrongly.
+#   same H200 (bf16, H=128, T=1k-16k) cuDNN's forward+backward ran 1.7-3.1x faster than
+#   Pallas, but cuDNN's masks take only one segment followed by padding per row, and
+#   segment ids are traced, so "auto" cannot know a batch is of that form: a packed or
+#   left-padded batch would be masked wrongly.
 #   ``attention_impl = "cudnn"`` (whose ``check_batch`` refuses other batches) is the
 #   user's fast choice. A row ``(n, "cudnn")`` here would make "auto" pick it from n on.
 # * rocm, tpu: not measured (no such device yet); Pallas, the choice made before this
