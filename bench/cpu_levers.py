@@ -18,7 +18,11 @@ Variants, joined with "+" (e.g. ``unroll+flat``):
   tanhgelu   the tanh GELU in place of the exact (erf) one: a probe of erf's share only
   headmajor  the xla attention's two einsums as 3-D matmuls over one folded batch axis
              ([B*K, G*T, H] x [B*K, H, S]), the transposes written out
-  noxnn, onednn, noeigenmt, fastmath, vw512   XLA:CPU options for this compile only
+  halves     the batch as two micro-batches whose gradients are independent ops (the
+             accumulation's scan unrolled), so XLA may run the two at once on two cores
+  noxnn, onednn, noeigenmt, fastmath, vw512, eigendot   XLA:CPU options for this compile
+             only (``onednndot``, the dots as oneDNN fusions, fails to compile the step in
+             jax 0.10.2: "partition compile failed")
 """
 
 from __future__ import annotations
@@ -59,7 +63,17 @@ MODEL = {
 }
 OPTIONS = {
     "noxnn": {"xla_cpu_use_xnnpack": False},
-    "onednn": {"xla_cpu_use_onednn": True},
+    "onednn": {"xla_cpu_use_onednn": True},  # alone it leaves the dots to YNNPACK
+    "onednndot": {  # the dots as oneDNN fusions (bench/xla_cpu_threads.py)
+        "xla_cpu_experimental_ynn_fusion_type": "",
+        "xla_cpu_use_onednn": True,
+        "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT",
+    },
+    "eigendot": {  # the dots as XLA's own Eigen dot
+        "xla_cpu_experimental_ynn_fusion_type": "",
+        "xla_cpu_experimental_xnn_fusion_type": "",
+        "xla_cpu_use_xnnpack": False,
+    },
     "noeigenmt": {"xla_cpu_multi_thread_eigen": False},
     "fastmath": {"xla_cpu_enable_fast_math": True},
     "vw512": {"xla_cpu_prefer_vector_width": 512},
@@ -103,7 +117,7 @@ def compile_variant(name: str, spec: dict, batch: dict):
     unknown = [
         p
         for p in parts
-        if p not in (*MODEL, *OPTIONS, "base", "flat", "nofold", "scanloop", "headmajor")
+        if p not in (*MODEL, *OPTIONS, "base", "flat", "nofold", "scanloop", "headmajor", "halves")
     ]
     if unknown:
         raise SystemExit(f"unknown variant part {unknown[0]!r}; see --help")
@@ -115,7 +129,10 @@ def compile_variant(name: str, spec: dict, batch: dict):
         tx = optax.flatten(tx)
     lr = spec["optim"].learning_rate
     state = create_state(build(cfg), tx, batch, seed=0)
-    step = make_train_step(build(cfg, deterministic=False), tx, lambda s: lr)
+    accum = 2 if "halves" in parts else 1
+    step = make_train_step(
+        build(cfg, deterministic=False), tx, lambda s: lr, grad_accum_steps=accum
+    )
     saved = (mlp_module.folded_dot_general, attention_module.folded_dot_general)
     saved_logits = embeddings_module.tied_logits
     if "nofold" in parts:  # the modules look these names up when the step is traced
@@ -126,6 +143,9 @@ def compile_variant(name: str, spec: dict, batch: dict):
         stack_module.nn.scan = lambda *args, **kw: plain_scan(*args, **{**kw, "unroll": 1})
     if "headmajor" in parts:
         xla_kernel.jnp = HeadMajorNumpy()
+    plain_lax_scan = jax.lax.scan
+    if "halves" in parts:  # the two micro-batches' gradients as independent ops
+        jax.lax.scan = lambda *args, **kw: plain_lax_scan(*args, **{**kw, "unroll": True})
     try:
         lowered = jax.jit(step, donate_argnums=0).lower(state, batch)
         compiled = lowered.compile(compiler_options=options)
@@ -134,6 +154,7 @@ def compile_variant(name: str, spec: dict, batch: dict):
         embeddings_module.tied_logits = saved_logits
         stack_module.nn.scan = plain_scan
         xla_kernel.jnp = jnp
+        jax.lax.scan = plain_lax_scan
     return compiled, state
 
 
