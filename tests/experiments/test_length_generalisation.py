@@ -19,6 +19,10 @@ def test_study_scores_each_length_and_reruns_only_what_is_missing(run_script, tm
     assert "model.position=none" in record["train"]["overrides"]
     abacus = json.loads((tmp_path / "addition_reversed-decoder_only-abacus-seed0.json").read_text())
     assert "model.digit_first_id=5" in abacus["train"]["overrides"]
+    offset = [o for o in abacus["train"]["overrides"] if o.startswith("model.abacus_max_offset=")]
+    # training numbers have up to 5 places (a 4-digit sum): the offsets, below the bound,
+    # must carry them to the 17 places of a sum of two 16-digit operands (4x)
+    assert len(offset) == 1 and 5 + int(offset[0].split("=")[1]) - 1 >= 17
     assert "| `addition_reversed` | decoder_only | none | 1 |" in first.stdout
     assert (tmp_path / "len.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = run_script("length_generalisation", tmp_path, *args)
