@@ -105,7 +105,8 @@ def child(args) -> None:
 
 
 def run_child(args, flags: str, one_core: bool) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip())
+    flags = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")  # XLA:CPU even beside a GPU
     cmd = [sys.executable, __file__, "--child", "--config", str(args.config)]
     cmd += ["--rounds", str(args.rounds), "--calls", str(args.calls), "--chains", str(args.chains)]
     cores = {min(os.sched_getaffinity(0))} if one_core else None
