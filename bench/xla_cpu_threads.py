@@ -17,6 +17,7 @@ when torch is installed (``pip install 'tfmjax[bench]'``). docs/cpu_speed.md has
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -38,6 +39,7 @@ LIBRARIES = {  # XLA_FLAGS of each dot library (jax 0.10's option names)
 }
 
 
+@functools.cache
 def load_gemm():
     spec = importlib.util.spec_from_file_location("bench_gemm", Path(__file__).with_name("gemm.py"))
     gemm = importlib.util.module_from_spec(spec)
