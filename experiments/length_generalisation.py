@@ -10,8 +10,11 @@ Training lengths: copy and reverse 1-8 symbols (tested at 8, 12, 16, 32), additi
 of 1-4 digits (tested with exactly 4, 6, 8, 16 digits; ``addition_reversed`` writes every
 number least significant first, McLeish et al.'s order). Encodings: sinusoidal, learned, RoPE,
 ALiBi, T5 relative buckets, and none (decoder-only: a causal decoder can count positions
-itself; an encoder without positions cannot tell orders apart); FIRE; Abacus (addition
-only); and ``randomized_X``: encoding X trained on sorted random positions below
+itself; an encoder without positions cannot tell orders apart); FIRE; Abacus places (on
+copy and reverse the 10 symbols are the "digits", a sequence one number); ``abacus_end``
+(encoder-decoder, reverse: the encoder counts each number from its end, so a source symbol's
+place is the place of the answer symbol it becomes: position coupling, Cho et al. 2024); and
+``randomized_X``: encoding X trained on sorted random positions below
 ``MAX_POSITION`` (Ruoss et al. 2023; docs/length_generalisation.md). Every model has
 ``max_len = 72`` positions, so learned positions past the training lengths exist but were
 never trained (unless randomized). Each run trains with ``train.py`` in the process pool of
@@ -55,20 +58,24 @@ ENCODINGS = (
     "none",
     "fire",
     "abacus",
+    "abacus_end",
     *(f"randomized_{e}" for e in BASE_ENCODINGS),
 )
 FACTORS = (1.0, 1.5, 2.0, 4.0)
 SEEDS = (0, 1, 2)
 MAX_LEN = 72  # holds a decoder-only copy of 4 x 8 symbols: 32 + SEP + 32 + EOS
 MAX_POSITION = 256  # randomized positions are drawn below this
-DIGIT_TASKS = ("addition", "addition_reversed")  # where Abacus places apply
-# Abacus's training offsets are drawn in [0, ABACUS_MAX_OFFSET): with training numbers of up
-# to 5 places (a 4-digit sum), places up to 18 are trained, past the 17 of a sum at 4x (the
-# paper sets its k = 100 for its own test lengths). At the default 100 each place row is
-# trained in about 4% of rows and a 4000-step run learned 4-digit reversed addition to 0.04
-# exact-match (seed 0); at 14, to 1.00 on seed 0 and 0.10 on seed 1
-# (docs/length_generalisation.md).
-ABACUS_MAX_OFFSET = 14
+# Abacus's training offsets are drawn in [0, ABACUS_MAX_OFFSET[task]): the longest training
+# number's places plus the offset reach the places of a 4x test. Addition: up to 5 places (a
+# 4-digit sum) + 13 >= the 17 of a sum at 4x (the paper sets its k = 100 for its own test
+# lengths; at 100 each place row trains in about 4% of rows and a 4000-step run learned
+# 4-digit reversed addition to 0.04 exact-match, at 14 to 1.00 on seed 0 and 0.10 on seed 1).
+# Copy and reverse: 8 symbols + 24 >= 32 (docs/length_generalisation.md).
+ABACUS_MAX_OFFSET = {"copy": 25, "reverse": 25, "addition": 14, "addition_reversed": 14}
+# Abacus places on copy and reverse train longer than the tasks' 1000-1500 steps: a
+# decoder-only copy (seed 0) reached exact-match 0.18 / 0.00 at 1.5x / 2x after 1000 steps,
+# 0.96 / 0.46 after 3000 and 0.99 / 0.91 after 6000 (about 3 minutes on one core).
+ABACUS_STEPS = {"copy": 6000, "reverse": 6000}
 EVAL_EXAMPLES = 256
 # Per task: the training lengths (task params), the length parameter and its training
 # maximum, and per family the overrides that keep a run near one minute on one core. The
@@ -99,10 +106,11 @@ BEGIN, END = "<!-- length-table -->", "<!-- /length-table -->"
 
 
 def applies(task: str, family: str, encoding: str) -> bool:
-    """No positions: decoder-only only; Abacus places: the addition tasks only."""
+    """No positions: decoder-only only; Abacus places counted from a number's end: the
+    encoder-decoder on reverse (where they line a source symbol up with its answer symbol)."""
     if encoding == "none" and family == "encoder_decoder":
         return False
-    return encoding != "abacus" or task in DIGIT_TASKS
+    return encoding != "abacus_end" or (task, family) == ("reverse", "encoder_decoder")
 
 
 def runs(tasks, families, encodings, seeds):
@@ -117,8 +125,9 @@ def runs(tasks, families, encodings, seeds):
     ]
 
 
-def encoding_overrides(encoding: str) -> list[str]:
-    """The model overrides of a study encoding name."""
+def encoding_overrides(encoding: str, task: str) -> list[str]:
+    """The model (and, for Abacus on copy and reverse, training) overrides of a study
+    encoding name."""
     if encoding.startswith("randomized_"):
         base = encoding.removeprefix("randomized_")
         return [
@@ -126,11 +135,15 @@ def encoding_overrides(encoding: str) -> list[str]:
             "model.position_sampling=randomized",
             f"model.max_position={MAX_POSITION}",
         ]
-    if encoding == "abacus":
+    if encoding in ("abacus", "abacus_end"):
+        count_from = ["model.abacus_count_from=end"] if encoding == "abacus_end" else []
+        steps = [f"train.steps={ABACUS_STEPS[task]}"] if task in ABACUS_STEPS else []
         return [
             "model.position=abacus",
             "model.digit_first_id=5",
-            f"model.abacus_max_offset={ABACUS_MAX_OFFSET}",
+            f"model.abacus_max_offset={ABACUS_MAX_OFFSET[task]}",
+            *count_from,
+            *steps,
         ]
     return [f"model.position={encoding}"]
 
@@ -144,7 +157,7 @@ def overrides(task: str, family: str, encoding: str, seed: int, extra: list[str]
     value = lambda v: str(v).lower() if isinstance(v, bool) else v  # TOML bools
     params = [f"data.task_params.{k}={value(v)}" for k, v in spec["params"].items()]
     return [
-        *encoding_overrides(encoding),
+        *encoding_overrides(encoding, task),
         f"model.max_len={MAX_LEN}",
         *params,
         *spec["train"].get(family, []),

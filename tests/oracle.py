@@ -243,14 +243,20 @@ def oracle_fire(q_pos, kv_pos, c, threshold, w_in, b_in, w_out, b_out, bidirecti
     return out
 
 
-def oracle_abacus_places(ids, first_digit: int):
+def oracle_abacus_places(ids, first_digit: int, from_end: bool = False):
     """Abacus places (McLeish et al. 2024): a digit's 1-based index within its number (a run
-    of consecutive digit tokens, counted in the order written), 0 for any other token.
-    ``ids [B,T]`` -> ``[B,T]``."""
+    of consecutive digit tokens, counted in the order written, or from the run's last digit
+    with ``from_end``), 0 for any other token. ``ids [B,T]`` -> ``[B,T]``."""
     out = np.zeros(np.shape(ids), np.int64)
     for b, row in enumerate(np.asarray(ids)):
         place = 0
         for t, token in enumerate(row):
             place = place + 1 if first_digit <= token < first_digit + 10 else 0
             out[b, t] = place
+        if from_end:  # a run of length n written 1..n becomes n..1
+            t = len(row) - 1
+            while t >= 0:
+                n = out[b, t]
+                out[b, t - n + 1 : t + 1] = out[b, t - n + 1 : t + 1][::-1]
+                t -= max(n, 1)
     return out

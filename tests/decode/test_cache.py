@@ -56,7 +56,8 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"position": "fire"}),
     # BigBird: window + random blocks of 2 on both sides (bidirectional in the encoder)
     ("tiny-vaswani", {"window": 1, "random_blocks": 1, "random_block_size": 2}),
-    ("tiny-vaswani", {"position": "abacus", "digit_first_id": 5}),
+    # Abacus places; the encoder's counted from each number's end
+    ("tiny-vaswani", {"position": "abacus", "digit_first_id": 5, "abacus_count_from": "end"}),
     ("tiny-vaswani", {"position": "alibi", "position_sampling": "randomized", "max_position": 64}),
 ]
 RECURRENT = ("linear", "retention", "selective_scan")  # a constant-size state, no slots

@@ -1,9 +1,18 @@
 """The length-generalisation study runs end to end on a tiny setting: one JSON per run with
 a score at each test length, a table and a PNG, and nothing retrained on a second call."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "length_generalisation",
+    Path(__file__).resolve().parents[2] / "experiments" / "length_generalisation.py",
+)
+study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study)
 
 
 @pytest.mark.slow
@@ -29,3 +38,22 @@ def test_study_scores_each_length_and_reruns_only_what_is_missing(run_script, tm
     assert again.returncode == 0 and "training" not in again.stdout
     bad = run_script("length_generalisation", tmp_path, "--encodings", "xpos")
     assert bad.returncode == 2 and "unknown encoding 'xpos'" in bad.stderr
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse"])
+def test_abacus_on_copy_and_reverse_trains_the_places_of_a_4x_test(task):
+    """The 10 symbols are the digits; the offsets carry 8 training places to the 32 of a 4x
+    test; ``abacus_end`` (the encoder counting from a number's end) is the encoder-decoder's
+    on reverse only, where it lines each source symbol up with its answer symbol."""
+    for family in study.FAMILIES:
+        values = dict(o.split("=", 1) for o in study.overrides(task, family, "abacus", 0, []))
+        assert values["model.position"] == "abacus" and values["model.digit_first_id"] == "5"
+        assert 8 + int(values["model.abacus_max_offset"]) - 1 >= 32
+        assert int(values["train.steps"]) > 1500 and "model.abacus_count_from" not in values
+    end = dict(
+        o.split("=", 1) for o in study.overrides(task, "encoder_decoder", "abacus_end", 0, [])
+    )
+    assert end["model.abacus_count_from"] == "end"
+    assert study.applies(task, "encoder_decoder", "abacus_end") is (task == "reverse")
+    assert not study.applies(task, "decoder_only", "abacus_end")
+    assert study.applies(task, "decoder_only", "abacus")

@@ -75,6 +75,20 @@ def test_digit_runs_match_the_abacus_oracle_and_carry_across_chunks():
         carry = got[:, -1]
 
 
+def test_digit_runs_from_each_numbers_end_match_the_oracle():
+    rng = np.random.default_rng(1)
+    ids = rng.choice([3, 5, 6, 9, 14, 15, 0], size=(5, 17))
+    want = oracle.oracle_abacus_places(ids, 5, from_end=True)
+    got = positions.digit_runs(jnp.asarray(ids), 5, from_end=True)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    # "1 2 3 x 4 5": the first number's places 3 2 1, the second's 2 1 (place values).
+    np.testing.assert_array_equal(
+        oracle.oracle_abacus_places([[6, 7, 8, 3, 9, 10]], 5, from_end=True), [[3, 2, 1, 0, 2, 1]]
+    )
+    with pytest.raises(ValueError, match="whole input"):
+        positions.digit_runs(jnp.asarray(ids), 5, jnp.zeros((5,), jnp.int32), from_end=True)
+
+
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_fire_bias_matches_the_formula(bidirectional):
     module = positions.FireBias(3, 8, 6.0, bidirectional)

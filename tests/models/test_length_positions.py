@@ -131,10 +131,42 @@ def test_encoder_decoder_abacus_offsets_both_sides_alike():
     assert len(starts) > 1  # the offset does move with the key
 
 
+def test_encoder_places_counted_from_the_end_line_a_reversal_up_with_its_answer():
+    """``abacus_count_from = "end"``: the encoder counts each number from its last symbol,
+    so in ``reverse`` the answer's p-th symbol and the source symbol it comes from share
+    place p (the decoder counts as written); with "start" they do not."""
+    from tfmjax.models.common import abacus_places
+
+    source = jnp.asarray([[6, 9, 7, 14, 8, 2]], jnp.int32)  # 5 symbols, EOS
+    answer = jnp.asarray([[1, 8, 14, 7, 9, 6]], jnp.int32)  # BOS, the 5 reversed
+    for count_from, aligned in (("end", True), ("start", False)):
+        cfg = preset("tiny-vaswani", vocab_size=16, max_len=8, position="abacus", digit_first_id=5)
+        cfg = ModelConfig(**{**cfg.__dict__, "abacus_count_from": count_from})
+        enc = np.asarray(abacus_places(None, source, cfg, True, side="encoder"))[0]
+        dec = np.asarray(abacus_places(None, answer, cfg, True, side="decoder"))[0]
+        np.testing.assert_array_equal(dec, [0, 1, 2, 3, 4, 5])
+        # answer symbol p (decoder slot p) is source symbol 5 - p (encoder slot 5 - p)
+        assert all(enc[5 - p] == dec[p] for p in range(1, 6)) is aligned
+
+
 @pytest.mark.parametrize(
     "overrides,field",
     [
         ({"position_sampling": "randomized", "max_position": 16}, "model.max_position"),
+        ({"abacus_count_from": "end"}, "model.abacus_count_from"),
+        (
+            {"position": "abacus", "digit_first_id": 5, "abacus_count_from": "middle"},
+            "model.abacus_count_from",
+        ),
+        (
+            {
+                "family": "decoder_only",
+                "position": "abacus",
+                "digit_first_id": 5,
+                "abacus_count_from": "end",
+            },
+            "model.abacus_count_from",
+        ),
         ({"max_position": 512}, "model.max_position"),
         ({"position_sampling": "shuffled"}, "model.position_sampling"),
         ({"position": "abacus"}, "model.digit_first_id"),
@@ -152,18 +184,19 @@ def test_bad_position_options_are_one_line_errors(overrides, field):
 
 
 @pytest.mark.parametrize(
-    "config,first,words",
-    [("copy_decoder", 5, "has no digits"), ("addition_decoder", 6, "model.digit_first_id=5")],
+    "config,extra,words",
+    [
+        ("copy_decoder", ["data.task_params.num_symbols=8", "model.digit_first_id=5"], "no digits"),
+        ("addition_decoder", ["model.digit_first_id=6"], "model.digit_first_id=5"),
+    ],
 )
-def test_abacus_needs_a_task_with_its_digits(config, first, words):
+def test_abacus_needs_a_task_with_its_digits(config, extra, words):
     from tfmjax.train.run import _source
 
-    exp = load(
-        CONFIGS / f"{config}.toml", ["model.position=abacus", f"model.digit_first_id={first}"]
-    )
+    exp = load(CONFIGS / f"{config}.toml", ["model.position=abacus", *extra])
     with pytest.raises(ConfigError, match=words) as err:
         _source(exp, build(exp.model))
     assert "\n" not in str(err.value)
-    ok = ["model.position=abacus", "model.digit_first_id=5"]
-    ok = load(CONFIGS / "addition_decoder.toml", ok)
-    assert _source(ok, build(ok.model)).digit_ids == tuple(range(5, 15))
+    for ok in ("addition_decoder", "copy_decoder", "reverse"):  # copy, reverse: 10 symbols
+        ok = load(CONFIGS / f"{ok}.toml", ["model.position=abacus", "model.digit_first_id=5"])
+        assert _source(ok, build(ok.model)).digit_ids == tuple(range(5, 15))

@@ -8,6 +8,7 @@ metrics) are checked against it in tests/test_registries.py.
 FAMILIES = ("encoder_decoder", "decoder_only", "encoder_only")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative", "fire", "abacus", "none")
 POSITION_SAMPLINGS = ("ordered", "randomized")
+ABACUS_COUNTS = ("start", "end")  # model.abacus_count_from
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")

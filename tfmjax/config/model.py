@@ -65,6 +65,9 @@ class ModelConfig:
     abacus_max_offset: int = option(
         100, help="abacus: training adds a random offset in [0, this) to digit places"
     )
+    abacus_count_from: str = option(
+        "start", help="abacus: an encoder counts each number's places from its start or end"
+    )
     digit_first_id: int | None = option(
         None, help="abacus: the id of digit 0, digits being it and the next 9 (addition: 5)"
     )

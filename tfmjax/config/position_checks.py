@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfmjax.config.checks import one_of, positive, require
-from tfmjax.config.choices import POSITION_SAMPLINGS
+from tfmjax.config.choices import ABACUS_COUNTS, POSITION_SAMPLINGS
 
 # Mixers whose decoding cache is a fixed-size state, not one slot per position.
 STATE_MIXERS = ("linear", "retention", "selective_scan")
@@ -16,6 +16,7 @@ STATE_MIXERS = ("linear", "retention", "selective_scan")
 def check_position_options(cfg: Any) -> None:
     """``cfg`` is a :class:`tfmjax.config.model.ModelConfig`."""
     one_of("model.position_sampling", cfg.position_sampling, POSITION_SAMPLINGS)
+    one_of("model.abacus_count_from", cfg.abacus_count_from, ABACUS_COUNTS)
     positive("model", cfg, "max_position", "abacus_max_offset", "fire_hidden")
     if cfg.max_position is not None:
         require(
@@ -60,7 +61,20 @@ def check_position_options(cfg: Any) -> None:
             f"model.position='abacus' needs the id of digit 0, with the 9 after it inside "
             f"model.vocab_size={cfg.vocab_size} (the addition tasks: 5)",
         )
+        require(
+            cfg.abacus_count_from == "start" or cfg.family != "decoder_only",
+            "model.abacus_count_from",
+            cfg.abacus_count_from,
+            "a decoder cannot see where a number it is writing ends: 'end' counts an "
+            "encoder's places (encoder_decoder, encoder_only); use 'start'",
+        )
     else:
+        require(
+            cfg.abacus_count_from == "start",
+            "model.abacus_count_from",
+            cfg.abacus_count_from,
+            "applies to model.position='abacus' (leave it unset otherwise)",
+        )
         require(
             cfg.digit_first_id is None,
             "model.digit_first_id",

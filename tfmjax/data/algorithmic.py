@@ -38,6 +38,16 @@ class _SymbolSequenceTask(Task):
         check_int(self.name, "max_len", self.max_len, self.min_len)
         object.__setattr__(self, "vocab", Vocab(symbol_names(self.num_symbols)))
 
+    @property
+    def digit_ids(self) -> tuple[int, ...]:
+        """With 10 symbols, they are the "digits" of Abacus places: a sequence is one
+        number, so an answer symbol and the source symbol it comes from can share a place
+        (position coupling). Other symbol counts write no digits."""
+        if self.num_symbols != 10:
+            return ()
+        first = self.vocab.size - self.num_symbols
+        return tuple(range(first, first + 10))
+
     def _generate(self, rng: np.random.Generator, long: bool) -> Example:
         n = _draw_len(rng, self.min_len, self.max_len, long)
         first = self.vocab.size - self.num_symbols

@@ -158,13 +158,18 @@ def evaluation_position_table(width: int, max_position: int) -> np.ndarray:
     return np.sort(rng.permutation(max_position)[:width]).astype(np.int32)
 
 
-def digit_runs(ids, first_digit: int, carry=None):
+def digit_runs(ids, first_digit: int, carry=None, from_end: bool = False):
     """Abacus places (McLeish et al. 2024): each digit's 1-based place within its run of
     consecutive digits (a number), 0 on every other token. ``ids [B,T]`` -> ``[B,T]`` int32.
 
     ``carry [B]``: the place of the token before ``ids[:, 0]`` (decoding one token at a time);
-    a run that starts the chunk continues it.
+    a run that starts the chunk continues it. ``from_end``: count each run from its last
+    digit instead (a whole input only: its place value when written most significant first).
     """
+    if from_end:
+        if carry is not None:
+            raise ValueError("digit places counted from a run's end need the whole input")
+        return digit_runs(ids[:, ::-1], first_digit)[:, ::-1]
     T = ids.shape[1]
     is_digit = (ids >= first_digit) & (ids < first_digit + 10)
     idx = jnp.arange(T)[None, :]

@@ -217,13 +217,21 @@ def draw_abacus_offset(module: nn.Module, batch: int, cfg: ModelConfig, determin
 
 
 def abacus_places(
-    module: nn.Module, ids, cfg: ModelConfig, deterministic: bool, carry=None, offset=None
+    module: nn.Module,
+    ids,
+    cfg: ModelConfig,
+    deterministic: bool,
+    carry=None,
+    offset=None,
+    side="decoder",
 ):
-    """Abacus places of ``ids [B,T]`` (:func:`digit_runs`), shifted while training by a
+    """Abacus places of ``ids [B,T]`` (:func:`digit_runs`; an encoder's counted from each
+    number's end with ``model.abacus_count_from = "end"``), shifted while training by a
     random offset per row (McLeish et al. 2024): ``offset [B,1]`` when given (an
     encoder-decoder draws one for both sides, so an operand digit and the answer digit of
     the same place value keep equal places), else drawn here (:func:`draw_abacus_offset`)."""
-    places = digit_runs(ids, cfg.digit_first_id, carry)
+    from_end = side == "encoder" and cfg.abacus_count_from == "end"
+    places = digit_runs(ids, cfg.digit_first_id, carry, from_end=from_end)
     if offset is None:
         offset = draw_abacus_offset(module, ids.shape[0], cfg, deterministic)
     if offset is None:
@@ -305,7 +313,7 @@ class Embedder(nn.Module):
             pe = self.learned[own](positions + cfg.position_offset).astype(x.dtype)
             x = x + hook(self, f"{side}.hook_pos_embed", pe)
         elif cfg.position == "abacus":
-            places = abacus_places(self, ids, cfg, deterministic, carry, abacus_offset)
+            places = abacus_places(self, ids, cfg, deterministic, carry, abacus_offset, side)
             pe = self.learned[own](places).astype(x.dtype)
             x = x + hook(self, f"{side}.hook_pos_embed", pe)
         if cfg.type_vocab_size:

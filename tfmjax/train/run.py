@@ -125,7 +125,8 @@ def _check_digits(m, digit_ids: tuple[int, ...], task: str) -> None:
     if not digit_ids:
         raise ConfigError(
             f"model.position='abacus' gives digits their place in a number, but data.task="
-            f"{task!r} has no digits: use addition or addition_reversed, or another position"
+            f"{task!r} has no digits: use addition, addition_reversed, or copy, reverse or sort "
+            "with 10 symbols, or another position"
         )
     if tuple(digit_ids) != tuple(range(m.digit_first_id, m.digit_first_id + 10)):
         raise ConfigError(
