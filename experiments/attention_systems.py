@@ -2,6 +2,7 @@
 
     python experiments/attention_systems.py            # run what is missing, print the table
     python experiments/attention_systems.py --table   # ... and rewrite its table in docs/studies.md
+    python experiments/attention_systems.py --budget 0 --table   # rewrite it, train nothing
     python experiments/attention_systems.py --only reverse --variants softmax,mla
     python experiments/attention_systems.py --jobs 2 --dry-run   # list what would train
     python experiments/attention_systems.py --seeds 0 --only reverse   # one seed, one task

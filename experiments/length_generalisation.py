@@ -5,6 +5,7 @@ addition, evaluated at 1x, 1.5x, 2x and 4x the longest training length, both fam
     python experiments/length_generalisation.py --table  # ... and rewrite docs/studies.md + PNG
     python experiments/length_generalisation.py --only copy --encodings rope,alibi --seeds 0
     python experiments/length_generalisation.py --jobs 2 --budget 3600   # 2 runs at once, 1 h
+    python experiments/length_generalisation.py --budget 0 --table   # the table, train nothing
 
 Training lengths: copy and reverse 1-8 symbols (tested at 8, 12, 16, 32), addition operands
 of 1-4 digits (tested with exactly 4, 6, 8, 16 digits; ``addition_reversed`` writes every
@@ -319,7 +320,6 @@ def main(argv=None) -> int:
     parser.add_argument("--families", help="comma-separated subset of " + ", ".join(FAMILIES))
     parser.add_argument("--encodings", help="comma-separated subset of " + ", ".join(ENCODINGS))
     parser.add_argument("--seeds", help="comma-separated seeds (default 0,1)")
-    parser.add_argument("--budget", type=float, help="seconds after which no run is started")
     parser.add_argument("--figure", help="where the PNG goes (default docs/)")
     args = parser.parse_args(argv)
     global RESULTS
@@ -344,7 +344,7 @@ def main(argv=None) -> int:
         em = " ".join(f"{p['exact_match']:.2f}" for p in result["scores"])
         print(f"  {run.label}: exact-match {em}; {record['wall_sec']:.0f} s", flush=True)
 
-    code = train_missing(list(by_run), store, budget=args.budget, **train_options(args))
+    code = train_missing(list(by_run), store, **train_options(args))
     print(table(tasks, families, encodings, seeds, args.extra))
     if args.dry_run:
         return code

@@ -225,7 +225,7 @@ def train_missing(
     start = time.monotonic()
 
     def within() -> bool:
-        return budget is None or time.monotonic() - start <= budget
+        return budget is None or time.monotonic() - start < budget  # 0: start none
 
     pool = []
     for name, run in by_name.items():
@@ -266,8 +266,8 @@ def write_table(begin: str, end: str, text: str, page: Path = STUDIES) -> None:
 
 def parser(doc: str, names) -> argparse.ArgumentParser:
     """The options every study takes: ``--only NAME`` (repeatable), ``--table``, ``--jobs``,
-    ``--no-pin``, ``--dry-run``, and for tests ``--extra`` (an override for every run) and
-    ``--results`` (where results go)."""
+    ``--no-pin``, ``--dry-run``, ``--budget`` (0: train nothing, only tabulate), and for
+    tests ``--extra`` (an override for every run) and ``--results`` (where results go)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--only", choices=list(names), action="append", help="one of (repeatable)")
     p.add_argument(
@@ -276,6 +276,11 @@ def parser(doc: str, names) -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_positive, help="runs at once (default: one per core)")
     p.add_argument("--no-pin", action="store_true", help="do not pin each run to a core")
     p.add_argument("--dry-run", action="store_true", help="list the runs to train, train none")
+    p.add_argument(
+        "--budget",
+        type=float,
+        help="seconds after which no run is started (0: none, e.g. --budget 0 --table)",
+    )
     p.add_argument(
         "--extra", action="append", default=[], help="override for every run (tests only)"
     )
@@ -291,4 +296,9 @@ def _positive(text: str) -> int:
 
 def train_options(args) -> dict:
     """:func:`train_missing`'s keywords from the parsed options."""
-    return {"jobs": args.jobs, "pin": not args.no_pin, "dry_run": args.dry_run}
+    return {
+        "jobs": args.jobs,
+        "pin": not args.no_pin,
+        "dry_run": args.dry_run,
+        "budget": args.budget,
+    }

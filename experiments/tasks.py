@@ -111,7 +111,6 @@ def table(configs, seeds) -> str:
 def main(argv=None) -> int:
     parser = sweep_parser(__doc__, CONFIGS)
     parser.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
-    parser.add_argument("--budget", type=float, help="seconds after which no run is started")
     args = parser.parse_args(argv)
     global RESULTS
     if args.results:
@@ -136,7 +135,7 @@ def main(argv=None) -> int:
         em = record.get("exact_match", 0)
         print(f"  {run.label}: exact-match {em:.3f}, {record['wall_sec']:.0f} s", flush=True)
 
-    code = train_missing(list(runs), store, budget=args.budget, **train_options(args))
+    code = train_missing(list(runs), store, **train_options(args))
     print(table(configs, seeds))
     if args.table and not args.dry_run:
         write_table(BEGIN, END, table(CONFIGS, SEEDS))

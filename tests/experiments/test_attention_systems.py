@@ -36,6 +36,14 @@ def test_sweep_runs_stores_results_and_reruns_only_what_is_missing(run_script, t
     assert bad.returncode == 2 and "unknown variant 'flash'" in bad.stderr
 
 
+def test_a_zero_budget_trains_nothing_and_still_tabulates(run_script, tmp_path):
+    """``--budget 0`` starts no run (``--budget 0 --table`` rewrites the table only)."""
+    done = sweep(run_script, tmp_path, "--variants", "softmax", "--budget", "0")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "training" not in done.stdout and "time budget spent" in done.stdout
+    assert "| `reverse` | softmax |" in done.stdout and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_system_is_a_valid_config_of_every_task(task, variant):
