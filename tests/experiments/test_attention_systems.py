@@ -49,7 +49,7 @@ def test_a_zero_budget_trains_nothing_and_still_tabulates(run_script, tmp_path):
 def test_every_system_is_a_valid_config_of_every_task(task, variant):
     """A run of the study that its config would refuse fails only after hours of others."""
     overrides = VARIANTS[variant][task]
-    experiment = load(ROOT / TASKS[task], overrides)
+    experiment = load(ROOT / attention_systems.config_of(task, variant), overrides)
     for override in overrides:  # each reached the model as written
         key, value = override.split("=")
         section, field = key.split(".")
