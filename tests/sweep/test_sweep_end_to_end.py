@@ -44,9 +44,6 @@ GRID = ["--seeds", "0,1", "--grid", "optim.learning_rate=1e-3,3e-3", "--jobs", "
 RUNS = [f"learning_rate={lr}/seed={s}" for lr in ("1e-3", "3e-3") for s in (0, 1)]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 PNG = b"\x89PNG"
-# One worker runs the module: its fixture trains the whole sweep (about 110 s), and xdist
-# would otherwise build it once on each worker that draws one of its tests.
-pytestmark = pytest.mark.xdist_group("sweep")
 
 
 def sweep_argv(workdir: Path, *extra: str) -> list[str]:
