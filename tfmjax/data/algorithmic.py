@@ -45,12 +45,16 @@ class _SymbolSequenceTask(Task):
         (position coupling). Other symbol counts write no digits."""
         if self.num_symbols != 10:
             return ()
-        first = self.vocab.size - self.num_symbols
-        return tuple(range(first, first + 10))
+        return tuple(range(self._first_symbol, self._first_symbol + 10))
+
+    @property
+    def _first_symbol(self) -> int:
+        """The id of the first symbol (the symbols close the vocabulary)."""
+        return self.vocab.size - self.num_symbols
 
     def _generate(self, rng: np.random.Generator, long: bool) -> Example:
         n = _draw_len(rng, self.min_len, self.max_len, long)
-        first = self.vocab.size - self.num_symbols
+        first = self._first_symbol
         source = (rng.integers(0, self.num_symbols, size=n) + first).tolist()
         return source, self._answer(source)
 
