@@ -16,7 +16,9 @@ copy and reverse the 10 symbols are the "digits", a sequence one number); ``abac
 (encoder-decoder, reverse: the encoder counts each number from its end, so a source symbol's
 place is the place of the answer symbol it becomes: position coupling, Cho et al. 2024); and
 ``randomized_X``: encoding X trained on sorted random positions below
-``MAX_POSITION`` (Ruoss et al. 2023; docs/length_generalisation.md). Every model has
+``MAX_POSITION`` (Ruoss et al. 2023; docs/length_generalisation.md); ``randomized_abacus``:
+Abacus places that take a sorted random subset of the place rows while training, in place of
+a contiguous run at a random offset. Every model has
 ``max_len = 72`` positions, so learned positions past the training lengths exist but were
 never trained (unless randomized). Each run trains with ``train.py`` in the process pool of
 ``python -m tfmjax.sweep`` (``--jobs`` at once, each pinned to a core; see
@@ -61,6 +63,7 @@ ENCODINGS = (
     "abacus",
     "abacus_end",
     *(f"randomized_{e}" for e in BASE_ENCODINGS),
+    "randomized_abacus",
 )
 FACTORS = (1.0, 1.5, 2.0, 4.0)
 SEEDS = (0, 1, 2)
@@ -130,22 +133,24 @@ def runs(tasks, families, encodings, seeds):
 def encoding_overrides(encoding: str, task: str) -> list[str]:
     """The model (and, for Abacus on copy and reverse, training) overrides of a study
     encoding name."""
-    if encoding.startswith("randomized_"):
-        base = encoding.removeprefix("randomized_")
-        return [
-            f"model.position={base}",
-            "model.position_sampling=randomized",
-            f"model.max_position={MAX_POSITION}",
-        ]
-    if encoding in ("abacus", "abacus_end"):
+    if encoding in ("abacus", "abacus_end", "randomized_abacus"):
         count_from = ["model.abacus_count_from=end"] if encoding == "abacus_end" else []
+        sampling = ["model.position_sampling=randomized"] if encoding.startswith("rand") else []
         steps = [f"train.steps={ABACUS_STEPS[task]}"] if task in ABACUS_STEPS else []
         return [
             "model.position=abacus",
             "model.digit_first_id=5",
             f"model.abacus_max_offset={ABACUS_MAX_OFFSET[task]}",
             *count_from,
+            *sampling,
             *steps,
+        ]
+    if encoding.startswith("randomized_"):
+        base = encoding.removeprefix("randomized_")
+        return [
+            f"model.position={base}",
+            "model.position_sampling=randomized",
+            f"model.max_position={MAX_POSITION}",
         ]
     return [f"model.position={encoding}"]
 

@@ -57,3 +57,20 @@ def test_abacus_on_copy_and_reverse_trains_the_places_of_a_4x_test(task):
     assert study.applies(task, "encoder_decoder", "abacus_end") is (task == "reverse")
     assert not study.applies(task, "decoder_only", "abacus_end")
     assert study.applies(task, "decoder_only", "abacus")
+
+
+def test_every_run_of_the_study_is_a_valid_config():
+    """Each (task, family, encoding) loads with its overrides (randomized Abacus included:
+    its places spread over the rows of the offsets, so it takes no ``max_position``)."""
+    from tfmjax.config import load
+
+    for task, family, encoding, seed in study.runs(
+        study.TASKS, study.FAMILIES, study.ENCODINGS, [0]
+    ):
+        exp = load(
+            study.ROOT / study.config_of(task, family),
+            study.overrides(task, family, encoding, seed, []),
+        )
+        assert exp.model.position_sampling == (
+            "randomized" if "randomized" in encoding else "ordered"
+        )

@@ -5,6 +5,7 @@ decoding); the config and task checks say in one line what is wrong."""
 
 import pathlib
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from tfmjax.config import ConfigError, ModelConfig, load
 from tfmjax.layers.positions import alibi_row_bias, alibi_slopes, evaluation_position_table
 from tfmjax.models import build, preset
-from tfmjax.models.common import PositionExtras
+from tfmjax.models.common import PositionExtras, draw_abacus_places
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
@@ -131,6 +132,64 @@ def test_encoder_decoder_abacus_offsets_both_sides_alike():
     assert len(starts) > 1  # the offset does move with the key
 
 
+def test_encoder_decoder_randomized_abacus_places_are_one_sorted_draw_for_both_sides():
+    """Randomized Abacus: places 1..4 of both sides read the same sorted random 4-subset of
+    the place rows ``[1, max_len + abacus_max_offset)``, so the rows used are 4, never more,
+    and spread beyond a contiguous run (far places meet while training)."""
+    cfg = preset("tiny-vaswani", vocab_size=16, max_len=8, position="abacus", digit_first_id=5)
+    cfg = ModelConfig(
+        **{**cfg.__dict__, "abacus_max_offset": 60, "position_sampling": "randomized"}
+    )
+    batch = {  # operands 3 and 4 digits, answer 4 digits: places 1..4 on both sides
+        "inputs": jnp.asarray([[6, 7, 8, 15, 9, 10, 11, 12]], jnp.int32),
+        "targets": jnp.asarray([[7, 9, 11, 13, 2, 0, 0, 0]], jnp.int32),
+    }
+    step = _loss_grads(cfg, batch)
+    spans = []
+    for seed in range(6):
+        rows = _pos_rows_used(step(jax.random.key(seed))[1], "abacus_embed")
+        rows = rows[rows > 0]  # row 0: the non-digit tokens
+        assert len(rows) == 4 and rows.max() < 8 + 60
+        spans.append(int(rows[-1] - rows[0]))
+    assert max(spans) > 3  # not a contiguous run: some draw has gaps
+
+
+class _PlaceMap(nn.Module):
+    cfg: ModelConfig
+
+    def __call__(self, *sides):
+        return draw_abacus_places(self, self.cfg, False, *sides)
+
+
+@pytest.mark.parametrize("sampling", ["ordered", "randomized"])
+def test_abacus_place_maps_against_their_formulas(sampling):
+    """Oracle (McLeish et al. 2024; Ruoss et al. 2023): ordered, ``map[p] = p + o`` with ``o``
+    uniform in ``[0, abacus_max_offset)``; randomized, places ``1..K`` (``K`` the row's
+    longest number over both sides) a sorted uniform ``K``-subset of ``[1, R)``, ``R =
+    max_len + abacus_max_offset``, whose ``k``-th entry has mean ``k R / (K + 1)``."""
+    cfg = preset("tiny-vaswani", vocab_size=16, max_len=8, position="abacus", digit_first_id=5)
+    cfg = ModelConfig(**{**cfg.__dict__, "abacus_max_offset": 32, "position_sampling": sampling})
+    rows, draws, R = 3000, [], 8 + 32
+    source = jnp.tile(jnp.asarray([[6, 7, 15, 8, 9, 10, 2]], jnp.int32), (rows, 1))  # K = 3
+    answer = jnp.tile(jnp.asarray([[1, 7, 9, 2]], jnp.int32), (rows, 1))  # 2 digits
+    place_map = np.asarray(
+        _PlaceMap(cfg).apply({}, source, answer, rngs={"dropout": jax.random.key(7)})
+    )
+    assert place_map.shape == (rows, R) and (place_map[:, 0] == 0).all()
+    if sampling == "ordered":
+        offsets = place_map[:, 1] - 1
+        np.testing.assert_array_equal(place_map[:, 1:], np.arange(1, R) + offsets[:, None])
+        assert set(offsets) == set(range(32))
+        return
+    draws = place_map[:, 1:4]
+    assert (np.diff(draws, axis=1) > 0).all() and draws.min() >= 1 and draws.max() < R
+    assert len({tuple(d) for d in draws}) > rows // 2  # many distinct subsets
+    sd = np.sqrt(3 * R**2 / 16 / 5)  # order statistics of 3 uniform draws: sd < R / 4
+    np.testing.assert_allclose(
+        draws.mean(0), [k * R / 4 for k in (1, 2, 3)], atol=4 * sd / np.sqrt(rows)
+    )
+
+
 def test_encoder_places_counted_from_the_end_line_a_reversal_up_with_its_answer():
     """``abacus_count_from = "end"``: the encoder counts each number from its last symbol,
     so in ``reverse`` the answer's p-th symbol and the source symbol it comes from share
@@ -174,6 +233,15 @@ def test_encoder_places_counted_from_the_end_line_a_reversal_up_with_its_answer(
         ({"position": "fire", "attention_impl": "pallas"}, "model.attention_impl"),
         ({"position": "fire", "attention": "linear"}, "model.position"),
         ({"position": "none", "position_sampling": "randomized"}, "model.position_sampling"),
+        (
+            {
+                "position": "abacus",
+                "digit_first_id": 5,
+                "position_sampling": "randomized",
+                "max_position": 64,
+            },
+            "model.max_position",
+        ),
         ({"attention": "retention", "position_sampling": "randomized"}, "model.position_sampling"),
     ],
 )

@@ -57,13 +57,15 @@ class ModelConfig:
     position_sampling: str = option(
         "ordered",
         help="ordered (0..T-1) or randomized: training rows take a sorted random subset of "
-        "[0, max_position) (Ruoss et al. 2023)",
+        "[0, max_position) (Ruoss et al. 2023; abacus: of its place rows)",
     )
     max_position: int | None = option(
         None, help="randomized sampling draws positions below this (>= max_len); none = max_len"
     )
     abacus_max_offset: int = option(
-        100, help="abacus: training adds a random offset in [0, this) to digit places"
+        100,
+        help="abacus: training adds a random offset in [0, this) to digit places "
+        "(randomized sampling: spreads them over max_len + this rows)",
     )
     abacus_count_from: str = option(
         "start", help="abacus: an encoder counts each number's places from its start or end"
@@ -459,6 +461,12 @@ class ModelConfig:
         if self.position != "rope":
             return 0
         return self.head_width // 2 if self.rope_dim is None else self.rope_dim
+
+    @property
+    def randomizes_token_positions(self) -> bool:
+        """Randomized sampling of token positions (Abacus randomizes its digit places
+        instead, :func:`tfmjax.models.common.draw_abacus_places`)."""
+        return self.position_sampling == "randomized" and self.position != "abacus"
 
     @property
     def position_rows(self) -> int:

@@ -32,13 +32,21 @@ def check_position_options(cfg: Any) -> None:
             f"must be >= model.max_len={cfg.max_len}: a row of max_len tokens draws that "
             "many distinct positions",
         )
+        require(
+            cfg.position != "abacus",
+            "model.max_position",
+            cfg.max_position,
+            "randomized Abacus places are drawn below max_len + abacus_max_offset: set "
+            "model.abacus_max_offset instead",
+        )
     if cfg.position_sampling == "randomized":
         require(
-            cfg.position not in ("abacus", "none"),
+            cfg.position != "none",
             "model.position_sampling",
             cfg.position_sampling,
-            f"model.position={cfg.position!r} reads no token positions: use 'ordered'",
+            "model.position='none' reads no token positions: use 'ordered'",
         )
+    if cfg.randomizes_token_positions:
         require(
             cfg.attention not in STATE_MIXERS,
             "model.position_sampling",

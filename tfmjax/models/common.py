@@ -188,7 +188,7 @@ def token_positions(module: nn.Module, segment_ids, cfg: ModelConfig, determinis
     ``[0, model.max_position)`` per row (Ruoss et al. 2023) drawn from the step's dropout
     key (``fold_in(root, step)``: a resumed run draws the same)."""
     index = segment_positions(segment_ids)
-    if deterministic or cfg.position_sampling != "randomized" or module.is_initializing():
+    if deterministic or not cfg.randomizes_token_positions or module.is_initializing():
         return index
     lengths = jnp.max(jnp.where(segment_ids > 0, index + 1, 0), axis=1)
     return randomized_positions(module.make_rng("dropout"), index, lengths, cfg.position_rows)
@@ -200,20 +200,36 @@ def seen_positions(cfg: ModelConfig, positions, deterministic: bool, width: int)
     sequence ``width`` slots wide (the input's, or the KV cache's) read through
     :func:`tfmjax.layers.positions.evaluation_position_table`; else unchanged. Training
     rows already carry their random draw (:func:`token_positions`)."""
-    if not deterministic or cfg.position_sampling != "randomized" or positions is None:
+    if not deterministic or not cfg.randomizes_token_positions or positions is None:
         return positions
     table = jnp.asarray(evaluation_position_table(width, cfg.position_rows))
     return table[jnp.clip(positions, 0, width - 1)]
 
 
-def draw_abacus_offset(module: nn.Module, batch: int, cfg: ModelConfig, deterministic: bool):
-    """The training offsets ``[B,1]`` of Abacus places, uniform in ``[0,
-    model.abacus_max_offset)`` per row, from the ``dropout`` stream; None when there are
-    none (another encoding, evaluation, init)."""
+def draw_abacus_places(module: nn.Module, cfg: ModelConfig, deterministic: bool, *sides):
+    """The training map of Abacus places ``[B,R]`` over the ``R = max_len +
+    abacus_max_offset`` place rows: a digit at place ``p`` reads row ``map[b, p]`` (``map[:,
+    0] = 0``: not a digit). Ordered sampling: ``p + o``, one offset ``o`` uniform in ``[0,
+    abacus_max_offset)`` per row (McLeish et al. 2024). Randomized: places ``1..K`` (``K``
+    the row's longest number in any of ``sides``, the ``[B,T]`` ids the map serves) take a
+    sorted uniform random ``K``-subset of ``[1, R)`` (Ruoss et al. 2023's draw), so places
+    far apart meet in training. From the ``dropout`` stream; None at evaluation, at init
+    and for another encoding (places then stay ``p``)."""
     if cfg.position != "abacus" or deterministic or module.is_initializing():
         return None
     key = module.make_rng("dropout")
-    return jax.random.randint(key, (batch, 1), 0, cfg.abacus_max_offset)
+    rows = cfg.max_len + cfg.abacus_max_offset
+    batch = sides[0].shape[0]
+    place = jnp.arange(rows, dtype=jnp.int32)[None, :]
+    if cfg.position_sampling == "randomized":
+        longest = jnp.max(
+            jnp.stack([digit_runs(ids, cfg.digit_first_id).max(axis=1) for ids in sides]), axis=0
+        )
+        index = jnp.broadcast_to(place[:, :-1], (batch, rows - 1))
+        subset = randomized_positions(key, index, longest, rows - 1) + 1
+        return jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), subset], axis=1)
+    offset = jax.random.randint(key, (batch, 1), 0, cfg.abacus_max_offset)
+    return jnp.where(place > 0, place + offset, 0)
 
 
 def abacus_places(
@@ -222,21 +238,21 @@ def abacus_places(
     cfg: ModelConfig,
     deterministic: bool,
     carry=None,
-    offset=None,
+    place_map=None,
     side="decoder",
 ):
     """Abacus places of ``ids [B,T]`` (:func:`digit_runs`; an encoder's counted from each
-    number's end with ``model.abacus_count_from = "end"``), shifted while training by a
-    random offset per row (McLeish et al. 2024): ``offset [B,1]`` when given (an
-    encoder-decoder draws one for both sides, so an operand digit and the answer digit of
-    the same place value keep equal places), else drawn here (:func:`draw_abacus_offset`)."""
+    number's end with ``model.abacus_count_from = "end"``), read while training through
+    ``place_map [B,R]`` (:func:`draw_abacus_places`): given when an encoder-decoder draws
+    one for both sides, so an operand digit and the answer digit of the same place value
+    keep equal places, else drawn here."""
     from_end = side == "encoder" and cfg.abacus_count_from == "end"
     places = digit_runs(ids, cfg.digit_first_id, carry, from_end=from_end)
-    if offset is None:
-        offset = draw_abacus_offset(module, ids.shape[0], cfg, deterministic)
-    if offset is None:
+    if place_map is None:
+        place_map = draw_abacus_places(module, cfg, deterministic, ids)
+    if place_map is None:
         return places
-    return jnp.where(places > 0, places + offset, 0)
+    return jnp.take_along_axis(place_map, places, axis=1)
 
 
 def padding_segments(tokens, pad_id: int | None):
@@ -295,11 +311,11 @@ class Embedder(nn.Module):
         token_types=None,
         side="encoder",
         carry=None,
-        abacus_offset=None,
+        abacus_map=None,
     ):
         """``ids, positions [B,T]``; ``token_types [B,T]`` (default 0) if ``type_vocab_size``;
         ``carry [B]``: abacus place of the token before ``ids`` (cached decoding);
-        ``abacus_offset [B,1]``: training offsets shared with the other side (else drawn)."""
+        ``abacus_map [B,R]``: training places shared with the other side (else drawn)."""
         cfg = self.cfg
         own = int(cfg.per_side_embeddings and side == "decoder")
         x = self.tokens(ids)
@@ -313,7 +329,7 @@ class Embedder(nn.Module):
             pe = self.learned[own](positions + cfg.position_offset).astype(x.dtype)
             x = x + hook(self, f"{side}.hook_pos_embed", pe)
         elif cfg.position == "abacus":
-            places = abacus_places(self, ids, cfg, deterministic, carry, abacus_offset, side)
+            places = abacus_places(self, ids, cfg, deterministic, carry, abacus_map, side)
             pe = self.learned[own](places).astype(x.dtype)
             x = x + hook(self, f"{side}.hook_pos_embed", pe)
         if cfg.type_vocab_size:
@@ -380,7 +396,7 @@ class PositionExtras(nn.Module):
         positions consecutive). Randomized sampling at evaluation reads both through
         :func:`seen_positions`, so the distances are dense, cached or not."""
         cfg = self.cfg
-        sampled = cfg.position_sampling == "randomized"
+        sampled = cfg.randomizes_token_positions
         randomized = sampled and (not cached or self.deterministic)
         if positions is not None and (cached or q_len != kv_len):
             shift = positions[:, -1:] - (q_offset + q_len - 1)  # [B,1]

@@ -32,7 +32,7 @@ from tfmjax.models.common import (
     Embedder,
     OutputHead,
     PositionExtras,
-    draw_abacus_offset,
+    draw_abacus_places,
     init_self_attention_cache,
     make_stack,
     padding_segments,
@@ -94,17 +94,17 @@ class EncoderDecoder(Family, nn.Module):
             check_length(ids.shape[1], self.config, name)
             check_concrete_tokens(ids, self.config.vocab_size, name)
         input_segment_ids, segment_ids = self.segment_ids(batch)
-        # One Abacus offset per row for both sides: operand and answer places stay aligned.
-        offset = draw_abacus_offset(self, inputs.shape[0], self.config, self.deterministic)
-        encoded = self.encode(inputs, input_segment_ids, abacus_offset=offset)
         decoder_in = shift_right(targets, segment_ids, self.config.bos_id)
+        # One Abacus place map per row for both sides: operand and answer places stay aligned.
+        places = draw_abacus_places(self, self.config, self.deterministic, inputs, decoder_in)
+        encoded = self.encode(inputs, input_segment_ids, abacus_map=places)
         logits, _ = self.decode(
             decoder_in,
             token_positions(self, segment_ids, self.config, self.deterministic),
             segment_ids,
             encoded,
             input_segment_ids,
-            abacus_offset=offset,
+            abacus_map=places,
         )
         return logits
 
@@ -118,17 +118,17 @@ class EncoderDecoder(Family, nn.Module):
             for side, key in (("input", "inputs"), ("target", "targets"))
         )
 
-    def encode(self, inputs, segment_ids=None, abacus_offset=None):
+    def encode(self, inputs, segment_ids=None, abacus_map=None):
         """``inputs [B,S]`` -> encoder output ``[B,S,D]``; ``segment_ids [B,S]`` (0 =
-        padding) default to 0 where an input is ``model.pad_id``; ``abacus_offset [B,1]``:
-        the training offsets of Abacus places (:func:`draw_abacus_offset`)."""
+        padding) default to 0 where an input is ``model.pad_id``; ``abacus_map [B,R]``:
+        the training places of Abacus (:func:`draw_abacus_places`)."""
         if segment_ids is None:
             segment_ids = padding_segments(inputs, self.config.pad_id)
         positions = token_positions(self, segment_ids, self.config, self.deterministic)
         slopes, bias = self.encoder_extras(inputs.shape[1], inputs.shape[1], 0, positions)
         positions = seen_positions(self.config, positions, self.deterministic, inputs.shape[1])
         x = self.embedder(
-            inputs, positions, deterministic=self.deterministic, abacus_offset=abacus_offset
+            inputs, positions, deterministic=self.deterministic, abacus_map=abacus_map
         )
         x, _ = self.encoder(x, None, BlockInputs(positions, segment_ids, slopes, bias))
         x = self.encoder_norm(x) if self.config.norm_position == "pre" else x
@@ -143,11 +143,11 @@ class EncoderDecoder(Family, nn.Module):
         encoded_segment_ids,
         cache=None,
         carry=None,
-        abacus_offset=None,
+        abacus_map=None,
     ):
         """Decoder over shifted ``input_ids [B,T]`` attending to ``encoded [B,S,D]``;
         ``carry [B]``: the abacus place of the token before ``input_ids`` (decoding);
-        ``abacus_offset [B,1]``: the encoder's training offsets of Abacus places.
+        ``abacus_map [B,R]``: the training places of Abacus, shared with the encoder.
 
         Returns ``(logits [B,T,V], cache)``; the cache is per layer
         ``{"self": KV cache, "cross": {"k", "v"}}`` stacked over layers, or a tuple of
@@ -165,7 +165,7 @@ class EncoderDecoder(Family, nn.Module):
             deterministic=self.deterministic,
             side="decoder",
             carry=carry,
-            abacus_offset=abacus_offset,
+            abacus_map=abacus_map,
         )
         inputs = BlockInputs(
             positions,
