@@ -57,6 +57,13 @@ def test_abacus_on_copy_and_reverse_trains_the_places_of_a_4x_test(task):
     assert study.applies(task, "encoder_decoder", "abacus_end") is (task == "reverse")
     assert not study.applies(task, "decoder_only", "abacus_end")
     assert study.applies(task, "decoder_only", "abacus")
+    # FIRE trains as long as Abacus there; the ordered encodings keep the task's budget.
+    steps = {
+        e: dict(o.split("=", 1) for o in study.overrides(task, "decoder_only", e, 0, []))
+        for e in ("fire", "abacus", "rope")
+    }
+    assert steps["fire"]["train.steps"] == steps["abacus"]["train.steps"]
+    assert "train.steps" not in steps["rope"]
 
 
 def test_every_run_of_the_study_is_a_valid_config():

@@ -59,7 +59,13 @@ def metrics(workdir: Path) -> list[dict]:
     return [deterministic_part(r) for r in read_records(workdir / "metrics.jsonl")]
 
 
-@pytest.fixture(scope="module")
+# One xdist worker trains the sweep once. Session scope: under loadgroup the worker may run
+# other modules' tests between this file's, and a module-scoped fixture would be torn down
+# and trained again at each return (a fresh-clone run showed two ~120 s setups).
+pytestmark = pytest.mark.xdist_group("sweep_end_to_end")
+
+
+@pytest.fixture(scope="session")
 def swept(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("sweep")
     proc = sweep(workdir, *GRID)
