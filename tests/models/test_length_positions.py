@@ -132,10 +132,10 @@ def test_encoder_decoder_abacus_offsets_both_sides_alike():
     assert len(starts) > 1  # the offset does move with the key
 
 
-def test_encoder_decoder_randomized_abacus_places_are_one_sorted_draw_for_both_sides():
+def test_encoder_decoder_randomized_abacus_places_are_one_draw_for_both_sides():
     """Randomized Abacus: places 1..4 of both sides read the same sorted random 4-subset of
-    the place rows ``[1, max_len + abacus_max_offset)``, so the rows used are 4, never more,
-    and spread beyond a contiguous run (far places meet while training)."""
+    a window of ``abacus_spread * 4 = 8`` place rows, so the rows used are 4, never more,
+    spanning at most 8 rows and not always contiguous (places apart meet while training)."""
     cfg = preset("tiny-vaswani", vocab_size=16, max_len=8, position="abacus", digit_first_id=5)
     cfg = ModelConfig(
         **{**cfg.__dict__, "abacus_max_offset": 60, "position_sampling": "randomized"}
@@ -151,7 +151,7 @@ def test_encoder_decoder_randomized_abacus_places_are_one_sorted_draw_for_both_s
         rows = rows[rows > 0]  # row 0: the non-digit tokens
         assert len(rows) == 4 and rows.max() < 8 + 60
         spans.append(int(rows[-1] - rows[0]))
-    assert max(spans) > 3  # not a contiguous run: some draw has gaps
+    assert max(spans) <= 7 and max(spans) > 3  # in the window; some draw has gaps
 
 
 class _PlaceMap(nn.Module):
@@ -161,33 +161,50 @@ class _PlaceMap(nn.Module):
         return draw_abacus_places(self, self.cfg, False, *sides)
 
 
-@pytest.mark.parametrize("sampling", ["ordered", "randomized"])
-def test_abacus_place_maps_against_their_formulas(sampling):
-    """Oracle (McLeish et al. 2024; Ruoss et al. 2023): ordered, ``map[p] = p + o`` with ``o``
-    uniform in ``[0, abacus_max_offset)``; randomized, places ``1..K`` (``K`` the row's
-    longest number over both sides) a sorted uniform ``K``-subset of ``[1, R)``, ``R =
-    max_len + abacus_max_offset``, whose ``k``-th entry has mean ``k R / (K + 1)``."""
+def _place_maps(sampling, rows=3000, spread=2):
+    """Training place maps of ``rows`` copies of one example (longest number: 3 digits)."""
     cfg = preset("tiny-vaswani", vocab_size=16, max_len=8, position="abacus", digit_first_id=5)
-    cfg = ModelConfig(**{**cfg.__dict__, "abacus_max_offset": 32, "position_sampling": sampling})
-    rows, draws, R = 3000, [], 8 + 32
+    fields = {"abacus_max_offset": 32, "position_sampling": sampling, "abacus_spread": spread}
+    cfg = ModelConfig(**{**cfg.__dict__, **fields})
     source = jnp.tile(jnp.asarray([[6, 7, 15, 8, 9, 10, 2]], jnp.int32), (rows, 1))  # K = 3
     answer = jnp.tile(jnp.asarray([[1, 7, 9, 2]], jnp.int32), (rows, 1))  # 2 digits
-    place_map = np.asarray(
-        _PlaceMap(cfg).apply({}, source, answer, rngs={"dropout": jax.random.key(7)})
-    )
-    assert place_map.shape == (rows, R) and (place_map[:, 0] == 0).all()
-    if sampling == "ordered":
-        offsets = place_map[:, 1] - 1
-        np.testing.assert_array_equal(place_map[:, 1:], np.arange(1, R) + offsets[:, None])
-        assert set(offsets) == set(range(32))
-        return
-    draws = place_map[:, 1:4]
-    assert (np.diff(draws, axis=1) > 0).all() and draws.min() >= 1 and draws.max() < R
-    assert len({tuple(d) for d in draws}) > rows // 2  # many distinct subsets
-    sd = np.sqrt(3 * R**2 / 16 / 5)  # order statistics of 3 uniform draws: sd < R / 4
-    np.testing.assert_allclose(
-        draws.mean(0), [k * R / 4 for k in (1, 2, 3)], atol=4 * sd / np.sqrt(rows)
-    )
+    maps = _PlaceMap(cfg).apply({}, source, answer, rngs={"dropout": jax.random.key(7)})
+    return np.asarray(maps)
+
+
+def test_ordered_abacus_place_map_is_a_random_offset():
+    """Oracle (McLeish et al. 2024): ``map[p] = p + o``, ``o`` uniform in ``[0, 32)``."""
+    place_map = _place_maps("ordered")
+    assert place_map.shape == (3000, 40) and (place_map[:, 0] == 0).all()
+    offsets = place_map[:, 1] - 1
+    np.testing.assert_array_equal(place_map[:, 1:], np.arange(1, 40) + offsets[:, None])
+    assert set(offsets) == set(range(32))
+
+
+@pytest.mark.parametrize("spread", [1, 2])
+def test_randomized_abacus_place_map_against_its_formula(spread):
+    """Oracle: places 1..K (K = 3, the longest number over both sides) are a sorted uniform
+    K-subset of a window of ``W = spread K`` of the rows ``1..39``, its start uniform in
+    ``[1, 40 - W]``: the first place has mean ``(40 - W - 1) / 2 + 1 + ((W + 1) / (K + 1) -
+    1)``, the span ``(W + 1)(K - 1) / (K + 1)`` (order statistics of a uniform subset);
+    ``spread = 1`` is a contiguous run at a random offset."""
+    K, W, n = 3, 3 * spread, 3000
+    place_map = _place_maps("randomized", n, spread)
+    assert (place_map[:, 0] == 0).all() and (place_map[:, K + 1 :] == 0).all()
+    draws = place_map[:, 1 : K + 1]
+    assert (np.diff(draws, axis=1) > 0).all() and draws.min() >= 1 and draws.max() <= 39
+    span = draws[:, -1] - draws[:, 0]
+    assert span.max() <= W - 1
+    if spread == 1:
+        np.testing.assert_array_equal(span, K - 1)  # contiguous
+    else:
+        assert (span > K - 1).mean() > 0.5  # gaps are the rule, ...
+        assert (np.diff(draws, axis=1) == 1).any(axis=1).mean() > 0.5  # ... gaps of 1 common
+    first_mean = (40 - W - 1) / 2 + 1 + ((W + 1) / (K + 1) - 1)
+    span_mean = (W + 1) * (K - 1) / (K + 1)
+    tolerance = 4 * 12 / np.sqrt(n)  # 4 standard errors; the first place's sd is below 12
+    assert abs(draws[:, 0].mean() - first_mean) < tolerance
+    assert abs(span.mean() - span_mean) < tolerance
 
 
 def test_encoder_places_counted_from_the_end_line_a_reversal_up_with_its_answer():

@@ -65,7 +65,12 @@ class ModelConfig:
     abacus_max_offset: int = option(
         100,
         help="abacus: training adds a random offset in [0, this) to digit places "
-        "(randomized sampling: spreads them over max_len + this rows)",
+        "(randomized sampling: they range over max_len + this rows)",
+    )
+    abacus_spread: int = option(
+        2,
+        help="abacus, randomized sampling: a number's K places are a random K-subset of "
+        "spread x K rows at a random start (1: a contiguous run)",
     )
     abacus_count_from: str = option(
         "start", help="abacus: an encoder counts each number's places from its start or end"

@@ -142,6 +142,28 @@ def randomized_positions(key, index, lengths, max_position: int):
     return jnp.where(picked < max_position, picked, 0).astype(jnp.int32)
 
 
+def windowed_places(key, longest, spread: int, rows: int):
+    """Randomized Abacus places: a row's places ``1..K`` (``K = longest[b]``, its longest
+    number) take a sorted uniform random ``K``-subset of a window of ``spread * K`` place
+    rows (at most ``rows - 1``) whose start is uniform over the rows ``1..rows-1``. With
+    ``spread = 1`` the window is the contiguous run at a random offset of McLeish et al.
+    (2024); wider, places up to ``spread * K - 1`` apart meet while training, and gaps of 1
+    (the places evaluation reads) stay common (Ruoss et al. 2023 draw from the whole range).
+
+    ``longest [B]`` -> the place map ``[B, rows]`` int32: ``map[b, p]`` is place ``p``'s row
+    (``map[:, 0] = 0``, not a digit; entries past ``K`` are 0, never read)."""
+    B = longest.shape[0]
+    width = jnp.minimum(spread * longest, rows - 1)  # [B]
+    start_key, pick_key = jax.random.split(key)
+    start = jnp.floor(jax.random.uniform(start_key, (B,)) * (rows - width)).astype(jnp.int32)
+    col = jnp.arange(rows - 1)[None, :]
+    scores = jnp.where(col < width[:, None], jax.random.uniform(pick_key, (B, rows - 1)), 2.0)
+    picked = jnp.where(col < longest[:, None], jnp.argsort(scores, axis=1), rows)
+    subset = jnp.sort(picked, axis=1)  # the K picks of the window, then the sentinel
+    places = jnp.where(subset < rows, subset + start[:, None] + 1, 0).astype(jnp.int32)
+    return jnp.concatenate([jnp.zeros((B, 1), jnp.int32), places], axis=1)
+
+
 EVALUATION_POSITION_SEED = 0  # fixes the one draw that evaluation and decoding read
 
 

@@ -29,6 +29,7 @@ from tfmjax.layers.positions import (
     evaluation_position_table,
     randomized_positions,
     sinusoidal,
+    windowed_places,
 )
 from tfmjax.layers.stack import LayerStack
 
@@ -210,25 +211,19 @@ def draw_abacus_places(module: nn.Module, cfg: ModelConfig, deterministic: bool,
     """The training map of Abacus places ``[B,R]`` over the ``R = max_len +
     abacus_max_offset`` place rows: a digit at place ``p`` reads row ``map[b, p]`` (``map[:,
     0] = 0``: not a digit). Ordered sampling: ``p + o``, one offset ``o`` uniform in ``[0,
-    abacus_max_offset)`` per row (McLeish et al. 2024). Randomized: places ``1..K`` (``K``
-    the row's longest number in any of ``sides``, the ``[B,T]`` ids the map serves) take a
-    sorted uniform random ``K``-subset of ``[1, R)`` (Ruoss et al. 2023's draw), so places
-    far apart meet in training. From the ``dropout`` stream; None at evaluation, at init
-    and for another encoding (places then stay ``p``)."""
+    abacus_max_offset)`` per row (McLeish et al. 2024). Randomized: :func:`windowed_places`
+    with ``K`` the row's longest number in any of ``sides`` (the ``[B,T]`` ids the map
+    serves) and ``model.abacus_spread``. From the ``dropout`` stream; None at evaluation,
+    at init and for another encoding (places then stay ``p``)."""
     if cfg.position != "abacus" or deterministic or module.is_initializing():
         return None
     key = module.make_rng("dropout")
     rows = cfg.max_len + cfg.abacus_max_offset
-    batch = sides[0].shape[0]
-    place = jnp.arange(rows, dtype=jnp.int32)[None, :]
     if cfg.position_sampling == "randomized":
-        longest = jnp.max(
-            jnp.stack([digit_runs(ids, cfg.digit_first_id).max(axis=1) for ids in sides]), axis=0
-        )
-        index = jnp.broadcast_to(place[:, :-1], (batch, rows - 1))
-        subset = randomized_positions(key, index, longest, rows - 1) + 1
-        return jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), subset], axis=1)
-    offset = jax.random.randint(key, (batch, 1), 0, cfg.abacus_max_offset)
+        runs = [digit_runs(ids, cfg.digit_first_id).max(axis=1) for ids in sides]
+        return windowed_places(key, jnp.max(jnp.stack(runs), axis=0), cfg.abacus_spread, rows)
+    place = jnp.arange(rows, dtype=jnp.int32)[None, :]
+    offset = jax.random.randint(key, (sides[0].shape[0], 1), 0, cfg.abacus_max_offset)
     return jnp.where(place > 0, place + offset, 0)
 
 
