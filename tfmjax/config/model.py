@@ -17,6 +17,7 @@ from tfmjax.config.choices import (
     PAIR_LAYOUTS,
     POSITIONS,
 )
+from tfmjax.config.cudnn_checks import check_cudnn
 from tfmjax.config.fields import option
 from tfmjax.config.mixer_checks import check_recurrent_mixer
 from tfmjax.config.moe_checks import check_moe
@@ -247,7 +248,7 @@ class ModelConfig:
             f"must be below model.max_len={self.max_len}: one block leaves nothing to draw",
         )
         if self.attention_impl == "cudnn":
-            self._check_cudnn()
+            check_cudnn(self)
 
     def _check_names_and_ranges(self) -> None:
         """Enumerated fields name a valid option; sizes are positive."""
@@ -414,46 +415,6 @@ class ModelConfig:
                 "sinusoidal, learned, rope or none",
             )
             no_sparse_pattern(self, "linear")
-
-    def _check_cudnn(self) -> None:
-        """What cuDNN's fused attention cannot do (tfmjax.kernels.cudnn_attention), refused
-        in one line naming the field. (model.position='relative' is refused above.)"""
-        use = "use model.attention_impl 'auto', 'pallas' or 'xla'"
-        cannot = [
-            ("position", self.position == "alibi", "ALiBi distance biases"),
-            ("position", self.position == "fire", "FIRE's dense bias"),
-            ("attention", self.attention == "mla", "MLA's latent keys (shared RoPE features)"),
-            ("attention_stride", self.attention_stride is not None, "strided patterns"),
-            ("global_tokens", self.global_tokens > 0, "global-token patterns"),
-            ("random_blocks", self.random_blocks > 0, "BigBird's random blocks"),
-            (
-                "window",
-                self.window is not None and self.family != "decoder_only",
-                "a sliding window on the non-causal (encoder) self-attention: its window "
-                "is one-sided",
-            ),
-        ]
-        for name, refused, what in cannot:
-            require(
-                not refused,
-                f"model.{name}",
-                getattr(self, name),
-                f"model.attention_impl='cudnn' (cuDNN fused attention) cannot take {what}; " + use,
-            )
-        require(
-            self.dtype == "bfloat16",
-            "model.dtype",
-            self.dtype,
-            "model.attention_impl='cudnn' (cuDNN fused attention) has no float32 kernel: set "
-            "model.dtype='bfloat16', or " + use,
-        )
-        require(
-            self.head_width % 8 == 0 and self.head_width <= 256,
-            "model.head_dim",
-            self.head_width,
-            "model.attention_impl='cudnn' needs a head width that is a multiple of 8 and at "
-            "most 256 (128 before Hopper GPUs); " + use,
-        )
 
     @property
     def latent_kv_rank(self) -> int:
