@@ -8,6 +8,7 @@ anew, and XLA's compile dominates their time. A cache hit loads the same executa
 values are unchanged; tests that count compilations count traces, which still happen."""
 
 import gc
+import importlib.util
 import json
 import os
 import shutil
@@ -33,6 +34,10 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 SLOW_LIST = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
 MODULE_SECONDS = os.path.join(os.path.dirname(__file__), "module_seconds.json")
+_TOOL = os.path.join(os.path.dirname(__file__), "..", "tools", "test_seconds.py")
+_spec = importlib.util.spec_from_file_location("test_seconds", _TOOL)
+test_seconds = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(test_seconds)  # listed_id: a test's id as the slow list has it
 
 
 def pytest_collection_modifyitems(config, items):
@@ -53,7 +58,7 @@ def pytest_collection_modifyitems(config, items):
     with open(MODULE_SECONDS) as f:
         seconds = json.load(f)
     for item in items:
-        if item.nodeid in listed:
+        if test_seconds.listed_id(item.nodeid) in listed:
             item.add_marker("slow")
     order = {}
     for item in items:

@@ -33,3 +33,15 @@ def test_every_listed_id_is_whole_and_its_module_exists():
         assert (ROOT / module).is_file(), line
         assert name.startswith("test_"), line
         assert name.count("[") == name.count("]") and name.endswith("]") == ("[" in name), line
+
+
+def test_a_grouped_tests_id_loses_its_xdist_group_suffix():
+    """xdist's loadgroup writes ``id@group`` for the tests of an ``xdist_group``; the slow
+    list and tests/conftest.py use the id without it (a parameter's own ``@`` stays)."""
+    module = "tests/sweep/test_sweep_end_to_end.py"
+    param = f"{module}::test_a_run[lr=1e-3/seed=1]"
+    assert test_seconds.listed_id(f"{param}@sweep_end_to_end") == param
+    assert test_seconds.listed_id(f"{module}::test_x@g") == f"{module}::test_x"
+    assert test_seconds.listed_id("tests/x.py::test_y[a@b]") == "tests/x.py::test_y[a@b]"
+    log = f"3.00s call     {param}@sweep_end_to_end\n1.00s setup    {param}@sweep_end_to_end\n"
+    assert test_seconds.test_seconds(log) == {param: 4.0}

@@ -26,6 +26,13 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "module_seconds.json"
 SLOW_LIST = OUT.parent / "slow_tests.txt"
 
 
+def listed_id(nodeid: str) -> str:
+    """A test's id as tests/slow_tests.txt lists it: without the ``@group`` suffix that
+    xdist's loadgroup adds to the tests of an ``xdist_group`` (after any ``[param]``)."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
+
+
 def module_seconds(log: str) -> dict[str, float]:
     totals: collections.Counter[str] = collections.Counter()
     for line in log.splitlines():
@@ -39,7 +46,7 @@ def test_seconds(log: str) -> dict[str, float]:
     totals: collections.Counter[str] = collections.Counter()
     for line in log.splitlines():
         if match := LINE.match(line):
-            totals[match[2]] += float(match[1])
+            totals[listed_id(match[2])] += float(match[1])
     return dict(totals)
 
 
