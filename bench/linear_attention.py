@@ -76,16 +76,21 @@ def rounds_for(T, rounds):
     return max(2, rounds // (1 + (T > 2048) + (T > 8192)))
 
 
-def bench(lengths, rounds):
-    impls = _implementations()
-    results = {}  # (T, impl, mode) -> dict(time, temp, compile_s)
+def time_cells(fns: dict, lengths, rounds, shape=(B, N, H)) -> dict:
+    """``{(T, name, mode): {"time", "temp", "compile_s"}}`` of each ``name -> fn(q, k, v)``
+    of ``fns`` on ``[B,T,N,H]`` normal inputs (``shape = (B, N, H)``), ``mode`` ``fwd``
+    and ``fwd+bwd``: each cell compiled and warmed up first, then timed in interleaved
+    rounds (every cell once per round, so load from other processes hits all alike;
+    medians). ``temp``: XLA's temp
+    buffers of the compiled executable. Shared by the attention benches of this folder."""
+    results = {}
     for T in lengths:
         q, k, v = (
-            jax.random.normal(key, (B, T, N, H), jnp.float32)
+            jax.random.normal(key, (shape[0], T, *shape[1:]), jnp.float32)
             for key in jax.random.split(jax.random.key(T), 3)
         )
         cells = {}
-        for name, fn in impls.items():
+        for name, fn in fns.items():
             for mode, f in (("fwd", fn), ("fwd+bwd", _fwd_bwd(fn))):
                 start = time.perf_counter()
                 compiled = jax.jit(f).trace(q, k, v).lower().compile()
@@ -103,7 +108,12 @@ def bench(lengths, rounds):
             )
         compile_s = sum(cell["c"] for cell in cells.values())
         print(f"T={T}: {n} rounds, compile {compile_s:.1f} s", file=sys.stderr, flush=True)
-    return results, list(impls)
+    return results
+
+
+def bench(lengths, rounds):
+    impls = _implementations()
+    return time_cells(impls, lengths, rounds), list(impls)
 
 
 def report(results, lengths, names):

@@ -24,27 +24,19 @@ docs/nystrom.md; what it costs a trained model, in docs/studies.md.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from linear_attention import time_cells  # noqa: E402  (the loop of this folder's benches)
 
 from tfmjax.kernels import blockwise, reference  # noqa: E402
 from tfmjax.kernels.nystrom import nystrom_attention  # noqa: E402
-
-# The timing helpers of the linear-attention bench (jit(grad(sum(out))), one timed call).
-_spec = importlib.util.spec_from_file_location(
-    "bench_linear_attention", Path(__file__).with_name("linear_attention.py")
-)
-_linear = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_linear)
-_fwd_bwd, _timed, rounds_for = _linear._fwd_bwd, _linear._timed, _linear.rounds_for
 
 B, N, H = 1, 4, 64
 LENGTHS = (1024, 4096, 16384)
@@ -71,29 +63,8 @@ SYSTEMS = {
 
 
 def bench(lengths, rounds):
-    """``{(T, system, mode): {"time": median seconds, "temp": bytes}}``."""
-    results = {}
-    for T in lengths:
-        q, k, v = (
-            jax.random.normal(key, (B, T, N, H), jnp.float32)
-            for key in jax.random.split(jax.random.key(T), 3)
-        )
-        cells = {}
-        start = time.perf_counter()
-        for name, fn in SYSTEMS.items():
-            for mode, f in (("fwd", fn), ("fwd+bwd", _fwd_bwd(fn))):
-                compiled = jax.jit(f).trace(q, k, v).lower().compile()
-                _timed(compiled, q, k, v)  # warm-up
-                temp = compiled.memory_analysis().temp_size_in_bytes
-                cells[name, mode] = dict(compiled=compiled, times=[], temp=temp)
-        n = rounds_for(T, rounds)
-        for _ in range(n):  # interleaved rounds
-            for cell in cells.values():
-                cell["times"].append(_timed(cell["compiled"], q, k, v))
-        for (name, mode), cell in cells.items():
-            results[T, name, mode] = dict(time=statistics.median(cell["times"]), temp=cell["temp"])
-        print(f"T={T}: {n} rounds, {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return results
+    """``{(T, system, mode): {"time", "temp", ...}}`` (the linear-attention bench's cells)."""
+    return time_cells(SYSTEMS, lengths, rounds, (B, N, H))
 
 
 def report(results, lengths) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,13 +42,12 @@ from tfmjax.kernels import blockwise  # noqa: E402
 from tfmjax.kernels.block_geometry import pattern_ranges  # noqa: E402
 from tfmjax.kernels.masks import RandomBlocks  # noqa: E402
 
-# The timing helpers of the linear-attention bench (jit(grad(sum(out))), one timed call).
+# The timing loop of the linear-attention bench (compile, then interleaved rounds).
 _spec = importlib.util.spec_from_file_location(
     "bench_linear_attention", Path(__file__).with_name("linear_attention.py")
 )
 _linear = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_linear)
-_fwd_bwd, _timed = _linear._fwd_bwd, _linear._timed
 
 B, N, H = 1, 4, 64
 LENGTHS = (1024, 4096, 16384)
@@ -107,29 +105,9 @@ def visited_fraction(T: int, pattern: dict, block: int) -> float:
 
 
 def bench(lengths, rounds, blocks):
-    results = {}  # (T, pattern, mode) -> dict(time, temp)
-    for T in lengths:
-        q, k, v = (
-            jax.random.normal(key, (B, T, N, H), jnp.float32)
-            for key in jax.random.split(jax.random.key(T), 3)
-        )
-        cells = {}
-        start = time.perf_counter()
-        for name, pattern in PATTERNS.items():
-            fn = attention_fn(pattern, blocks)
-            for mode, f in (("fwd", fn), ("fwd+bwd", _fwd_bwd(fn))):
-                compiled = jax.jit(f).trace(q, k, v).lower().compile()
-                _timed(compiled, q, k, v)  # warm-up
-                temp = compiled.memory_analysis().temp_size_in_bytes
-                cells[name, mode] = dict(compiled=compiled, times=[], temp=temp)
-        n = max(2, rounds // (1 + (T > 2048) + (T > 8192)))
-        for _ in range(n):  # interleaved rounds
-            for cell in cells.values():
-                cell["times"].append(_timed(cell["compiled"], q, k, v))
-        for (name, mode), cell in cells.items():
-            results[T, name, mode] = dict(time=statistics.median(cell["times"]), temp=cell["temp"])
-        print(f"T={T}: {n} rounds, {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return results
+    """``{(T, pattern, mode): {"time", "temp", ...}}`` (the linear-attention bench's cells)."""
+    fns = {name: attention_fn(pattern, blocks) for name, pattern in PATTERNS.items()}
+    return _linear.time_cells(fns, lengths, rounds, (B, N, H))
 
 
 def report(results, lengths, blocks):
