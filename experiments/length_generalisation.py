@@ -17,8 +17,8 @@ copy and reverse the 10 symbols are the "digits", a sequence one number); ``abac
 place is the place of the answer symbol it becomes: position coupling, Cho et al. 2024); and
 ``randomized_X``: encoding X trained on sorted random positions below
 ``MAX_POSITION`` (Ruoss et al. 2023; docs/length_generalisation.md); ``randomized_abacus``:
-Abacus places that take a sorted random subset of the place rows while training, in place of
-a contiguous run at a random offset. Every model has
+Abacus places that take a sorted random subset of a window twice a number's length while
+training, in place of a contiguous run at a random offset. Every model has
 ``max_len = 72`` positions, so learned positions past the training lengths exist but were
 never trained (unless randomized). Each run trains with ``train.py`` in the process pool of
 ``python -m tfmjax.sweep`` (``--jobs`` at once, each pinned to a core; see
@@ -136,7 +136,8 @@ def encoding_overrides(encoding: str, task: str) -> list[str]:
     """The overrides of a study encoding name: its model fields, and for FIRE and Abacus on
     copy and reverse the longer training (:data:`LONG_STEPS`)."""
     long = encoding in LONG_ENCODINGS and task in LONG_STEPS
-    return [*model_overrides(encoding, task), *([f"train.steps={LONG_STEPS.get(task)}"] * long)]
+    steps = [f"train.steps={LONG_STEPS[task]}"] if long else []
+    return [*model_overrides(encoding, task), *steps]
 
 
 def model_overrides(encoding: str, task: str) -> list[str]:

@@ -59,9 +59,9 @@ def metrics(workdir: Path) -> list[dict]:
     return [deterministic_part(r) for r in read_records(workdir / "metrics.jsonl")]
 
 
-# One xdist worker trains the sweep once. Session scope: under loadgroup the worker may run
-# other modules' tests between this file's, and a module-scoped fixture would be torn down
-# and trained again at each return (a fresh-clone run showed two ~120 s setups).
+# One xdist worker runs the module and trains the sweep once (about 60 s). Without the group
+# each worker that drew one of its tests trained it: with pytest 9.2 xdist ignored the group
+# (two ~120 s setups in a fresh-clone run), hence pytest < 9 in pyproject.toml.
 pytestmark = pytest.mark.xdist_group("sweep_end_to_end")
 
 

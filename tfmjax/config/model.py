@@ -58,7 +58,7 @@ class ModelConfig:
     position_sampling: str = option(
         "ordered",
         help="ordered (0..T-1) or randomized: training rows take a sorted random subset of "
-        "[0, max_position) (Ruoss et al. 2023; abacus: of its place rows)",
+        "[0, max_position) (Ruoss et al. 2023; abacus: see abacus_spread)",
     )
     max_position: int | None = option(
         None, help="randomized sampling draws positions below this (>= max_len); none = max_len"
