@@ -38,6 +38,11 @@ _TOOL = os.path.join(os.path.dirname(__file__), "..", "tools", "test_seconds.py"
 _spec = importlib.util.spec_from_file_location("test_seconds", _TOOL)
 test_seconds = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(test_seconds)  # listed_id: a test's id as the slow list has it
+_spec = importlib.util.spec_from_file_location(
+    "random_params", os.path.join(os.path.dirname(__file__), "random_params.py")
+)
+_random_params = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_random_params)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -94,6 +99,14 @@ def rng(request) -> np.random.Generator:
     before it in its xdist worker (a module-wide generator gave each test other inputs
     from run to run, and one draw made a cancelling sum fail a relative tolerance in CI)."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(scope="session")
+def random_params():
+    """``random_params(model, seed=0, embed_scale=0.2)``: a model's params drawn on the host
+    (``tests/random_params.py``), for tests whose assertions hold for any params: compiling
+    ``model.init`` costs a tiny model ~2.5-5 s (its random draws), more than most tests."""
+    return _random_params.random_params
 
 
 @pytest.fixture(autouse=True)

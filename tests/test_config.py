@@ -229,14 +229,14 @@ def test_good_batch_passes_and_max_len_holds_for_every_position_encoding():
 
 
 @pytest.mark.parametrize("family", ["decoder_only", "encoder_decoder", "encoder_only"])
-def test_eager_apply_refuses_token_ids_outside_the_vocabulary(family):
+def test_eager_apply_refuses_token_ids_outside_the_vocabulary(random_params, family):
     """JAX clamps out-of-range gathers; an eager apply with concrete ids checks them (and the
     length) first, with one-line InputErrors."""
     model = build(
         C.ModelConfig(family=family, vocab_size=10, d_model=8, num_heads=2, d_ff=8, num_layers=1)
     )
     batch = model.dummy_batch(1, 4)
-    params = model.init(jax.random.key(0), batch)
+    params = random_params(model)
     key = model.token_keys[-1]
     bad = dict(batch, **{key: batch[key].at[0, 2].set(10)})
     with pytest.raises(

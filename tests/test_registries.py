@@ -88,7 +88,9 @@ def test_every_attention_system_builds_a_block():
             num_layers=1,
             attention=attention,
         )
-        params = models.build(cfg).init(jax.random.key(0), {"tokens": jnp.ones((1, 4), int)})
+        params = jax.eval_shape(  # the names only: no compile
+            models.build(cfg).init, jax.random.key(0), {"tokens": jnp.ones((1, 4), int)}
+        )
         stack = params["params"]["encoder" if bidirectional else "decoder"]["layers"]
         names = set(stack["attention"])
         expected = {
@@ -119,15 +121,14 @@ def test_window_sums_are_the_step_sums():
     assert set(SUM_KEYS) < set(WINDOW_KEYS) == set(empty_window())
 
 
-def test_best_metric_choices_are_evaluator_metrics():
+def test_best_metric_choices_are_evaluator_metrics(random_params):
     cfg = C.ModelConfig(
         family="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_layers=1
     )
     evaluator = Evaluator(
         cfg, make_task("copy", num_symbols=5, max_len=4), batch_size=4, num_examples=4
     )
-    params = evaluator.model.init(jax.random.key(0), evaluator.batches[0])
-    metrics, _ = evaluator(params)
+    metrics, _ = evaluator(random_params(evaluator.model))
     assert set(evaluator.metric_names) <= set(metrics)
     text = TextEvaluator(
         dataclasses.replace(cfg, vocab_size=96),
@@ -135,7 +136,7 @@ def test_best_metric_choices_are_evaluator_metrics():
         batch_size=4,
         num_examples=4,
     )
-    text_metrics, _ = text(text.model.init(jax.random.key(0), text.batches[0]))
+    text_metrics, _ = text(random_params(text.model))
     assert set(text.metric_names) <= set(text_metrics)
     assert set(C.EVAL_METRICS) == set(evaluator.metric_names) | set(text.metric_names) - {
         "unigram_accuracy"

@@ -3,8 +3,6 @@
 training on ``reverse``."""
 
 import functools
-import importlib.util
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -17,29 +15,23 @@ from tfmjax.data.tasks import make_task
 from tfmjax.losses import cross_entropy
 from tfmjax.models import build, preset
 
-_spec = importlib.util.spec_from_file_location(
-    "tfmjax_tests_random_params", pathlib.Path(__file__).resolve().parents[1] / "random_params.py"
-)
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
-
 FAMILY_PRESET = {"decoder_only": "tiny-gpt2", "encoder_decoder": "tiny-vaswani"}
 
 
 @functools.cache
-def _tiny(family: str, overrides: tuple, seed: int):
+def _tiny(random_params, family: str, overrides: tuple, seed: int):
     base = {"vocab_size": 16, "max_len": 24, "norm_position": "pre", "num_layers": 2}
     cfg = preset(FAMILY_PRESET[family], **{**base, **dict(overrides)})
     model = build(cfg)
-    return model, _module.random_params(model, seed)
+    return model, random_params(model, seed)
 
 
 @pytest.fixture(scope="session")
-def tiny():
+def tiny(random_params):
     """``tiny("decoder_only", position="alibi")`` -> (model, params), pre-norm, 2 layers."""
 
     def make(family, *, seed=0, **overrides):
-        return _tiny(family, tuple(sorted(overrides.items())), seed)
+        return _tiny(random_params, family, tuple(sorted(overrides.items())), seed)
 
     return make
 
@@ -60,7 +52,7 @@ def rows():
 
 
 @functools.cache
-def _trained(family: str, steps: int = 400):
+def _trained(random_params, family: str, steps: int = 400):
     task = make_task("reverse", max_len=5, num_symbols=6)
     cfg = preset(
         FAMILY_PRESET[family],
@@ -70,7 +62,7 @@ def _trained(family: str, steps: int = 400):
         norm_position="pre",
     )
     model = build(cfg)
-    params = _module.random_params(model, 0)
+    params = random_params(model, 0)
     tx = optax.adam(3e-3)
     opt_state = tx.init(params)
 
@@ -97,6 +89,6 @@ def _trained(family: str, steps: int = 400):
 
 
 @pytest.fixture(scope="session")
-def trained():
+def trained(random_params):
     """``trained(family)`` -> (task, model, params, eval batch): reverse, 400 steps."""
-    return _trained
+    return functools.partial(_trained, random_params)

@@ -57,9 +57,9 @@ def _model(impl: str):
 
 
 @pytest.fixture(scope="module")
-def setup():
+def setup(random_params):
     batch = {"tokens": (jnp.arange(16, dtype=jnp.int32) % 32)[None]}
-    params = _model("xla").init(jax.random.key(0), batch)  # same parameters for every impl
+    params = random_params(_model("xla"))  # the same parameters for every impl
     return params, batch
 
 

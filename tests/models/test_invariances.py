@@ -23,7 +23,7 @@ def _cfg(family, **kw):
 
 
 def _tokens(shape, seed=0, low=5, high=32):
-    return jax.random.randint(jax.random.key(seed), shape, low, high, jnp.int32)
+    return jnp.asarray(np.random.default_rng(seed).integers(low, high, shape), jnp.int32)
 
 
 def _batch(family, tokens, inputs=None):
@@ -35,21 +35,23 @@ def _batch(family, tokens, inputs=None):
     return {"tokens": tokens}
 
 
-def _init_apply(cfg, batch):
+def _init_apply(random_params, cfg, batch):
     """The model's jitted apply (a compiled program runs these small models several times
-    faster than op-by-op dispatch; the values are the same), its params and its logits."""
+    faster than op-by-op dispatch; the values are the same), random params (each invariance
+    holds for any params; ``model.init``'s own draws would cost a compile each) and its
+    logits."""
     model = build(cfg)
-    params = model.init(jax.random.key(0), batch)
+    params = random_params(model)
     apply = jax.jit(model.apply)
     return apply, params, apply(params, batch)
 
 
 @pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
 @pytest.mark.parametrize("position", POSITIONS)
-def test_future_tokens_never_change_earlier_logits(family, position):
+def test_future_tokens_never_change_earlier_logits(random_params, family, position):
     cfg = _cfg(family, position=position, norm_position="pre")
     tokens = _tokens((2, 8))
-    apply, params, logits = _init_apply(cfg, _batch(family, tokens))
+    apply, params, logits = _init_apply(random_params, cfg, _batch(family, tokens))
     changed = tokens.at[:, 5:].set(_tokens((2, 3), seed=3))
     new_logits = apply(params, _batch(family, changed))
     # logits[t] predicts token t from tokens < t: positions 0..5 see only tokens 0..4.
@@ -59,7 +61,7 @@ def test_future_tokens_never_change_earlier_logits(family, position):
 
 @pytest.mark.parametrize("family", list(FAMILY_PRESETS))
 @pytest.mark.parametrize("position", POSITIONS)
-def test_padding_never_changes_real_outputs(family, position):
+def test_padding_never_changes_real_outputs(random_params, family, position):
     cfg = _cfg(family, position=position)
     tokens = _tokens((2, 6))
     padded = jnp.concatenate([tokens, jnp.zeros((2, 3), jnp.int32)], axis=1)
@@ -72,42 +74,44 @@ def test_padding_never_changes_real_outputs(family, position):
         }
     else:
         a_batch, b_batch = {"tokens": tokens}, {"tokens": padded}
-    apply, params, logits = _init_apply(cfg, a_batch)
+    apply, params, logits = _init_apply(random_params, cfg, a_batch)
     np.testing.assert_allclose(apply(params, b_batch)[:, :6], logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["encoder_only", "encoder_decoder"])
-def test_self_attention_without_positions_is_permutation_equivariant(family):
+def test_self_attention_without_positions_is_permutation_equivariant(random_params, family):
     # Attention is permutation-equivariant: Attention(P X) = P Attention(X) when nothing
     # encodes position.
     cfg = _cfg(family, position="none")
     tokens = _tokens((2, 7))
     perm = np.random.default_rng(0).permutation(7)
     if family == "encoder_only":
-        apply, params, logits = _init_apply(cfg, {"tokens": tokens})
+        apply, params, logits = _init_apply(random_params, cfg, {"tokens": tokens})
         permuted = apply(params, {"tokens": tokens[:, perm]})
         np.testing.assert_allclose(permuted, logits[:, perm], rtol=1e-5, atol=1e-5)
     else:  # the decoder's output never depends on the order of the encoder's inputs
         targets = _tokens((2, 4), 3)
-        apply, params, logits = _init_apply(cfg, {"inputs": tokens, "targets": targets})
+        apply, params, logits = _init_apply(
+            random_params, cfg, {"inputs": tokens, "targets": targets}
+        )
         permuted = apply(params, {"inputs": tokens[:, perm], "targets": targets})
         np.testing.assert_allclose(permuted, logits, rtol=1e-5, atol=1e-5)
 
 
-def test_positions_break_permutation_equivariance():
+def test_positions_break_permutation_equivariance(random_params):
     cfg = _cfg("encoder_only", position="sinusoidal")
     tokens = _tokens((1, 7))
-    apply, params, logits = _init_apply(cfg, {"tokens": tokens})
+    apply, params, logits = _init_apply(random_params, cfg, {"tokens": tokens})
     perm = np.arange(7)[::-1]
     assert not np.allclose(apply(params, {"tokens": tokens[:, perm]}), logits[:, perm], atol=1e-3)
 
 
 @pytest.mark.parametrize("family", list(FAMILY_PRESETS))
 @pytest.mark.parametrize("remat", [False, True])
-def test_scanned_equals_unrolled(family, remat):
+def test_scanned_equals_unrolled(random_params, family, remat):
     cfg = _cfg(family, position="rope", remat=remat, num_layers=3)
     batch = _batch(family, _tokens((2, 6)))
-    _, params, logits = _init_apply(cfg, batch)
+    _, params, logits = _init_apply(random_params, cfg, batch)
     unrolled = build(dataclasses.replace(cfg, scan_layers=False))
     p = jax.tree.map(lambda x: x, params["params"])
     for stack in ("encoder", "decoder"):
@@ -123,11 +127,11 @@ def test_scanned_equals_unrolled(family, remat):
 
 
 @pytest.mark.slow
-def test_packed_segments_equal_separate_rows():
+def test_packed_segments_equal_separate_rows(random_params):
     cfg = _cfg("decoder_only", position="rope")
     a, b = _tokens((1, 4), 1), _tokens((1, 3), 2)
     model = build(cfg)
-    params = model.init(jax.random.key(0), {"tokens": a})
+    params = random_params(model)
     apply = jax.jit(model.apply)
     packed = {
         "tokens": jnp.concatenate([a, b, jnp.zeros((1, 1), jnp.int32)], 1),
@@ -150,12 +154,12 @@ def test_tied_and_untied_heads():
     assert untied["params"]["head"]["lm_head"]["kernel"].shape == (64, 32)
 
 
-def test_dropout_is_active_only_when_training():
+def test_dropout_is_active_only_when_training(random_params):
     """Training: two dropout keys give two outputs. Eval (``deterministic=True``): the output
     ignores the dropout key, and equals the same params' output with ``dropout_rate=0``."""
     cfg = _cfg("decoder_only", dropout_rate=0.5)
     batch = {"tokens": _tokens((2, 6))}
-    params = build(cfg).init(jax.random.key(0), batch)
+    params = random_params(build(cfg))
     train = jax.jit(build(cfg, deterministic=False).apply)
     a = train(params, batch, rngs={"dropout": jax.random.key(1)})
     b = train(params, batch, rngs={"dropout": jax.random.key(2)})

@@ -19,10 +19,9 @@ from tfmjax.models.common import PositionExtras, draw_abacus_places
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
 
-def _loss_grads(cfg, batch, deterministic=False):
+def _loss_grads(params, cfg, batch, deterministic=False):
     """A jitted ``key -> (loss, grads)`` of a training (or evaluation) forward."""
     model = build(cfg, deterministic=deterministic)
-    params = build(cfg).init(jax.random.key(0), batch)
 
     def loss(p, key):
         logits = model.apply(p, batch, rngs={"dropout": key})
@@ -37,12 +36,14 @@ def _pos_rows_used(grads, name):
     return np.flatnonzero(np.abs(table).sum(1) > 0)
 
 
-def test_randomized_training_uses_far_positions_from_the_dropout_key_alone():
+def test_randomized_training_uses_far_positions_from_the_dropout_key_alone(random_params):
     cfg = preset("tiny-gpt2", vocab_size=16, max_len=8, position_sampling="randomized")
     cfg = ModelConfig(**{**cfg.__dict__, "max_position": 64})
     tokens = jnp.asarray(np.random.default_rng(0).integers(5, 16, size=(4, 8)), jnp.int32)
     batch = {"tokens": tokens.at[1, 5:].set(0)}
-    step = _loss_grads(cfg, batch)
+    model = build(cfg)
+    params = random_params(model)
+    step = _loss_grads(params, cfg, batch)
     (loss_a, grads), (loss_b, _) = step(jax.random.key(1)), step(jax.random.key(1))
     assert loss_a == loss_b  # the same key: the same positions, bit for bit
     loss_c, _ = step(jax.random.key(2))
@@ -50,11 +51,9 @@ def test_randomized_training_uses_far_positions_from_the_dropout_key_alone():
     rows = _pos_rows_used(grads, "pos_embed")
     assert rows.max() >= 8 and len(rows) > 8  # positions beyond 0..T-1 were drawn
     # Evaluation (deterministic) reads the fixed table at 0..T-1, whatever the key.
-    _, eval_grads = _loss_grads(cfg, batch, deterministic=True)(jax.random.key(5))
+    _, eval_grads = _loss_grads(params, cfg, batch, deterministic=True)(jax.random.key(5))
     table = evaluation_position_table(8, 64)
     np.testing.assert_array_equal(_pos_rows_used(eval_grads, "pos_embed"), table)
-    model = build(cfg)
-    params = model.init(jax.random.key(0), batch)
     ordered = np.tile(np.arange(8), (4, 1))
     ordered[1, 5:] = np.arange(3)  # the padding is a segment of its own
     ordered = {**batch, "positions": jnp.asarray(ordered)}
@@ -62,7 +61,7 @@ def test_randomized_training_uses_far_positions_from_the_dropout_key_alone():
 
 
 @pytest.mark.parametrize("position", ["rope", "sinusoidal"])
-def test_randomized_evaluation_is_the_ordered_model_at_the_table_positions(position):
+def test_randomized_evaluation_is_the_ordered_model_at_the_table_positions(random_params, position):
     """Oracle: a randomized model at evaluation equals the same parameters under ordered
     sampling fed ``positions = table[0..T-1]`` explicitly (Ruoss et al. 2023 sample test
     positions too), for the encodings read per token without parameters sized by the
@@ -74,7 +73,7 @@ def test_randomized_evaluation_is_the_ordered_model_at_the_table_positions(posit
     ordered = ModelConfig(**{**base.__dict__, "max_len": 64})
     tokens = jnp.asarray(np.random.default_rng(1).integers(5, 16, size=(3, 8)), jnp.int32)
     batch = {"tokens": tokens}
-    params = build(randomized).init(jax.random.key(0), batch)
+    params = random_params(build(randomized))
     table = jnp.asarray(evaluation_position_table(8, 64))
     explicit = {**batch, "positions": jnp.broadcast_to(table, (3, 8))}
     got = build(randomized).apply(params, batch)
@@ -101,18 +100,20 @@ def test_randomized_alibi_at_evaluation_is_the_distance_of_table_positions():
     np.testing.assert_allclose(cached, want[:, :, 5:], rtol=1e-6)
 
 
-def test_abacus_training_offsets_the_places_and_evaluation_does_not():
+def test_abacus_training_offsets_the_places_and_evaluation_does_not(random_params):
     cfg = preset("tiny-gpt2", vocab_size=16, max_len=8, position="abacus", digit_first_id=5)
     cfg = ModelConfig(**{**cfg.__dict__, "abacus_max_offset": 50})
     batch = {"tokens": jnp.asarray([[5, 6, 7, 15, 8, 9, 2, 0]] * 8, jnp.int32)}
-    _, grads = _loss_grads(cfg, batch)(jax.random.key(3))
+    _, grads = _loss_grads(random_params(build(cfg)), cfg, batch)(jax.random.key(3))
     assert _pos_rows_used(grads, "abacus_embed").max() > 4  # an offset was added
-    _, grads = _loss_grads(cfg, batch, deterministic=True)(jax.random.key(3))
+    _, grads = _loss_grads(random_params(build(cfg)), cfg, batch, deterministic=True)(
+        jax.random.key(3)
+    )
     # Inputs BOS 5 6 7 + 8 9 EOS: places 0 1 2 3 0 1 2 0.
     np.testing.assert_array_equal(_pos_rows_used(grads, "abacus_embed"), [0, 1, 2, 3])
 
 
-def test_encoder_decoder_abacus_offsets_both_sides_alike():
+def test_encoder_decoder_abacus_offsets_both_sides_alike(random_params):
     """One training offset per row for the encoder's operands and the decoder's answer, so
     digits of the same place keep equal places (else cross-attention could not align them):
     the rows used are one run ``o+1 .. o+4``, never two."""
@@ -122,7 +123,7 @@ def test_encoder_decoder_abacus_offsets_both_sides_alike():
         "inputs": jnp.asarray([[6, 7, 8, 15, 9, 10, 11, 12]], jnp.int32),
         "targets": jnp.asarray([[7, 9, 11, 13, 2, 0, 0, 0]], jnp.int32),
     }
-    step = _loss_grads(cfg, batch)
+    step = _loss_grads(random_params(build(cfg)), cfg, batch)
     starts = set()
     for seed in range(4):
         rows = _pos_rows_used(step(jax.random.key(seed))[1], "abacus_embed")
@@ -132,7 +133,7 @@ def test_encoder_decoder_abacus_offsets_both_sides_alike():
     assert len(starts) > 1  # the offset does move with the key
 
 
-def test_encoder_decoder_randomized_abacus_places_are_one_draw_for_both_sides():
+def test_encoder_decoder_randomized_abacus_places_are_one_draw_for_both_sides(random_params):
     """Randomized Abacus: places 1..4 of both sides read the same sorted random 4-subset of
     a window of ``abacus_spread * 4 = 8`` place rows, so the rows used are 4, never more,
     spanning at most 8 rows and not always contiguous (places apart meet while training)."""
@@ -144,7 +145,7 @@ def test_encoder_decoder_randomized_abacus_places_are_one_draw_for_both_sides():
         "inputs": jnp.asarray([[6, 7, 8, 15, 9, 10, 11, 12]], jnp.int32),
         "targets": jnp.asarray([[7, 9, 11, 13, 2, 0, 0, 0]], jnp.int32),
     }
-    step = _loss_grads(cfg, batch)
+    step = _loss_grads(random_params(build(cfg)), cfg, batch)
     spans = []
     for seed in range(6):
         rows = _pos_rows_used(step(jax.random.key(seed))[1], "abacus_embed")

@@ -54,19 +54,19 @@ def test_bad_moe_fields_are_refused_in_one_line(fields, message):
 
 def test_unrolled_stacks_take_any_moe_every():
     cfg = ModelConfig(**SMALL, moe_experts=4, moe_every=3, scan_layers=False)
-    params = build(cfg).init(jax.random.key(0), batch())["params"]["decoder"]
+    params = jax.eval_shape(build(cfg).init, jax.random.key(0), batch())["params"]["decoder"]
     moe = [name for name, layer in sorted(params.items()) if "router" in layer["mlp"]]
     assert moe == ["layer_2"]  # blocks n-1, 2n-1, ...: only the third of four
 
 
 @pytest.mark.parametrize("every", [1, 2])
-def test_scanned_groups_equal_the_unrolled_stack(every):
+def test_scanned_groups_equal_the_unrolled_stack(random_params, every):
     """A scanned stack of groups of ``every`` blocks computes what the unrolled stack does
     with the same params (``unstack_params``; ``stack_params`` is its inverse), sown losses
     included; the MoE blocks are layers 1 and 3 when every = 2."""
     cfg = ModelConfig(**SMALL, moe_experts=4, moe_top_k=2, moe_every=every, activation="swiglu")
     model = build(cfg)
-    params = model.init(jax.random.key(0), batch())
+    params = random_params(model)
     unrolled, flat = model.unrolled(params)
     layers = flat["params"]["decoder"]
     assert [("router" in layers[f"layer_{i}"]["mlp"]) for i in range(4)] == (
@@ -83,7 +83,7 @@ def test_scanned_groups_equal_the_unrolled_stack(every):
         np.testing.assert_allclose(got_metrics[name], metrics[name], rtol=1e-5, err_msg=name)
 
 
-def test_router_hooks_record_and_reroute():
+def test_router_hooks_record_and_reroute(random_params):
     """``hook_expert_indices`` holds the argmax of ``hook_router_logits``; an edit sending
     every token to expert 0 makes the feed-forward's output expert 0's own (top-1, gates
     renormalised to 1, dropless), written here in NumPy, and zero on padding."""
@@ -95,7 +95,7 @@ def test_router_hooks_record_and_reroute():
         scan_layers=False,
     )
     model = build(cfg)
-    params = model.init(jax.random.key(1), batch())
+    params = random_params(model, 1)
     data = batch()
     _, cache = run_with_cache(model, params, data)
     logits = np.asarray(cache["blocks.0.mlp.hook_router_logits"])
@@ -193,7 +193,7 @@ def test_a_config_saved_before_mixtures_loads_as_dense_and_resumes_unchanged():
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_capacity_dropping_is_causal_and_blind_to_left_padding(top_k):
+def test_capacity_dropping_is_causal_and_blind_to_left_padding(random_params, top_k):
     """With a capacity that drops choices (factor 0.5): a changed future token never changes
     an earlier logit (slots go in token order), and left padding (segment id 0, which takes no
     slot) leaves the real tokens' logits as they are unpadded."""
@@ -202,7 +202,7 @@ def test_capacity_dropping_is_causal_and_blind_to_left_padding(top_k):
     )
     model = build(cfg)
     ids = jnp.asarray(np.random.default_rng(1).integers(3, 16, size=(2, 8)), jnp.int32)
-    params = model.init(jax.random.key(2), {"tokens": ids})
+    params = random_params(model, 2)
     forward = jax.jit(model.apply_with_aux)
     logits, _, metrics = forward(params, {"tokens": ids})
     assert float(metrics["moe_dropped_fraction"]) > 0  # the case drops
