@@ -19,10 +19,10 @@ H = 8
 TO_HALF = np.concatenate([np.arange(0, H, 2), np.arange(1, H, 2)])  # interleaved -> half
 
 
-def init(cfg: ModelConfig, batch=None):
+def init(random_params, cfg: ModelConfig):
+    """The model, random params (drawn on the host: no compile of ``model.init``) and a batch."""
     model = build(cfg)
-    batch = batch or model.dummy_batch(2, 6)
-    return model, model.init(jax.random.key(0), batch), batch
+    return model, random_params(model), model.dummy_batch(2, 6)
 
 
 def test_activations_are_the_configs_activations():
@@ -45,28 +45,28 @@ def test_half_split_sinusoidal_is_interleaved_reordered():
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "tiny-bert", "tiny-vaswani"])
-def test_defaults_add_no_parameters(name):
-    _, params, _ = init(preset(name))
+def test_defaults_add_no_parameters(random_params, name):
+    _, params, _ = init(random_params, preset(name))
     paths = " ".join(flatten(params["params"]))
     for new in ("type_embed", "embed_norm", "decoder_pos_embed", "mlm_", "output_bias"):
         assert new not in paths
 
 
-def test_attention_and_mlp_biases_are_separate_switches():
-    _, params, _ = init(preset("tiny-llama", attention_bias=True))
+def test_attention_and_mlp_biases_are_separate_switches(random_params):
+    _, params, _ = init(random_params, preset("tiny-llama", attention_bias=True))
     paths = set(flatten(params["params"]))
     assert "decoder/layers/attention/query/bias" in paths
     assert not any(p.startswith("decoder/layers/mlp/") and p.endswith("bias") for p in paths)
-    _, params, _ = init(preset("tiny-gpt2", mlp_bias=False))
+    _, params, _ = init(random_params, preset("tiny-gpt2", mlp_bias=False))
     paths = set(flatten(params["params"]))
     assert (
         "decoder/layers/attention/out/bias" in paths and "decoder/layers/mlp/up/bias" not in paths
     )
 
 
-def test_unscaled_attention_equals_a_query_scaled_by_sqrt_h():
+def test_unscaled_attention_equals_a_query_scaled_by_sqrt_h(random_params):
     cfg = preset("tiny-gpt2", scale_attention=False)
-    model, params, batch = init(cfg)
+    model, params, batch = init(random_params, cfg)
     scaled = jax.tree_util.tree_map_with_path(
         lambda path, p: p * cfg.head_width**0.5 if "query" in jax.tree_util.keystr(path) else p,
         params,
@@ -75,18 +75,18 @@ def test_unscaled_attention_equals_a_query_scaled_by_sqrt_h():
     np.testing.assert_allclose(jax.jit(model.apply)(params, batch), want, atol=1e-5)
 
 
-def test_scaled_tied_output_scales_the_logits():
+def test_scaled_tied_output_scales_the_logits(random_params):
     cfg = preset("tiny-gpt2", scale_tied_output=True)
-    model, params, batch = init(cfg)
+    model, params, batch = init(random_params, cfg)
     plain = jax.jit(build(dataclasses.replace(cfg, scale_tied_output=False)).apply)(params, batch)
     np.testing.assert_allclose(
         jax.jit(model.apply)(params, batch), plain * cfg.d_model**-0.5, atol=1e-6
     )
 
 
-def test_position_offset_reads_the_table_from_that_row():
+def test_position_offset_reads_the_table_from_that_row(random_params):
     cfg = preset("tiny-gpt2", position_offset=2, max_len=16)
-    model, params, batch = init(cfg)
+    model, params, batch = init(random_params, cfg)
     table = params["params"]["embed"]["pos_embed"]["pos_embedding"]
     assert table.shape == (18, cfg.d_model)
     plain = dataclasses.replace(cfg, position_offset=0)
@@ -97,9 +97,9 @@ def test_position_offset_reads_the_table_from_that_row():
     )
 
 
-def test_bert_options_token_types_and_mlm_head():
+def test_bert_options_token_types_and_mlm_head(random_params):
     cfg = preset("tiny-bert", type_vocab_size=2, embed_norm=True, mlm_head=True, output_bias=True)
-    model, params, batch = init(cfg)
+    model, params, batch = init(random_params, cfg)
     types = jnp.ones_like(batch["tokens"])
     a = jax.jit(model.apply)(params, batch)
     b = jax.jit(model.apply)(params, dict(batch, token_types=types))
@@ -107,9 +107,9 @@ def test_bert_options_token_types_and_mlm_head():
     assert set(params["params"]["head"]) == {"mlm_dense", "mlm_norm", "output_bias"}
 
 
-def test_per_side_embeddings_give_the_decoder_its_own_table():
+def test_per_side_embeddings_give_the_decoder_its_own_table(random_params):
     cfg = preset("tiny-vaswani", position="learned", per_side_embeddings=True, embed_norm=True)
-    _, params, _ = init(cfg)
+    _, params, _ = init(random_params, cfg)
     assert {"pos_embed", "decoder_pos_embed", "embed_norm", "decoder_embed_norm"} <= set(
         params["params"]["embed"]
     )
