@@ -104,11 +104,10 @@ def test_abacus_training_offsets_the_places_and_evaluation_does_not(random_param
     cfg = preset("tiny-gpt2", vocab_size=16, max_len=8, position="abacus", digit_first_id=5)
     cfg = ModelConfig(**{**cfg.__dict__, "abacus_max_offset": 50})
     batch = {"tokens": jnp.asarray([[5, 6, 7, 15, 8, 9, 2, 0]] * 8, jnp.int32)}
-    _, grads = _loss_grads(random_params(build(cfg)), cfg, batch)(jax.random.key(3))
+    params = random_params(build(cfg))
+    _, grads = _loss_grads(params, cfg, batch)(jax.random.key(3))
     assert _pos_rows_used(grads, "abacus_embed").max() > 4  # an offset was added
-    _, grads = _loss_grads(random_params(build(cfg)), cfg, batch, deterministic=True)(
-        jax.random.key(3)
-    )
+    _, grads = _loss_grads(params, cfg, batch, deterministic=True)(jax.random.key(3))
     # Inputs BOS 5 6 7 + 8 9 EOS: places 0 1 2 3 0 1 2 0.
     np.testing.assert_array_equal(_pos_rows_used(grads, "abacus_embed"), [0, 1, 2, 3])
 
