@@ -56,6 +56,7 @@ parts of the Linen computation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 import flax.linen as nn
@@ -96,9 +97,9 @@ class Family:
         attach for sharding (:mod:`tfmjax.layers.axes`) are dropped; :meth:`param_axes`
         reads them. Jitted (keyword arguments static): one compile costs a fraction of
         running the initialisers op by op (a 2-layer model: ~3 s against ~10 s on CPU), and
-        gives the same bits."""
-        init = lambda rngs, *args: meta.unbox(_model_variables(self, rngs, *args, **kwargs))
-        return jax.jit(init)(rngs, *args)
+        gives the same bits. The model itself is a static argument of one module-level jit,
+        so another ``init`` of an equal model (same class and config) reuses the compile."""
+        return _jitted_init(self, tuple(sorted(kwargs.items())), rngs, *args)
 
     def param_axes(self, batch: dict | None = None):
         """A pytree like the params whose leaves are PartitionSpecs of logical axis
@@ -236,6 +237,12 @@ def moe_terms(sown: dict, cfg: ModelConfig):
         zip(MOE_METRICS, (mean["aux_loss"], mean["z_loss"], mean["dropped"]), strict=True)
     )
     return penalty.astype(jnp.float32), metrics
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _jitted_init(model, kwargs: tuple, rngs, *args) -> dict:
+    """:meth:`Family.init`'s program: ``kwargs`` as sorted ``(name, value)`` pairs."""
+    return meta.unbox(_model_variables(model, rngs, *args, **dict(kwargs)))
 
 
 def _model_variables(model, rngs, *args, **kwargs) -> dict:
