@@ -63,7 +63,7 @@ if wanted gpu-tests; then
 fi
 
 section attention 170 --skip train decode --widths 128 --repeats 3
-section train-shakespeare 80 --skip attention decode --train-shapes shakespeare_char \
+section train-shakespeare 150 --skip attention decode --train-shapes shakespeare_char \
     --train-steps 192
 section train-gpt2 140 --skip attention decode --train-shapes gpt2-small --train-steps 128
 section decode 45 --skip attention train --repeats 3
