@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One short, prepared run on a lent GPU machine (up to 12 minutes by default: over one
+# One short, prepared run on a lent GPU machine (up to 14 minutes by default: over one
 # 10-minute device call, so run `gpu-tests` and the benchmark parts as two calls): versions,
 # the GPU-only tests, then bench/device.py section by section, each under its own time limit
 # so that one slow section cannot take the others' results with it. Writes under $OUT (default
