@@ -36,7 +36,9 @@ def experiment(family, workdir, *, steps=20, log=10, every=10, **train_kw):
                 "dropout_rate": 0.1,
                 "tie_embeddings": False,
             },
-            "optim": {"learning_rate": 3e-3, "warmup_steps": 2},
+            # one schedule whatever train.steps: the tests' runs of one family and K then
+            # compile the same program (train.steps alone would change a schedule constant)
+            "optim": {"learning_rate": 3e-3, "warmup_steps": 2, "schedule_steps": 20},
             "data": {
                 "task": "reverse",
                 "task_params": {"num_symbols": 5, "max_len": 5},
