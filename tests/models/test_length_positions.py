@@ -225,6 +225,24 @@ def test_encoder_places_counted_from_the_end_line_a_reversal_up_with_its_answer(
         assert all(enc[5 - p] == dec[p] for p in range(1, 6)) is aligned
 
 
+def test_fire_threshold_sets_the_initial_learned_threshold():
+    """``model.fire_threshold`` is L's initial value (softplus of the stored parameter);
+    unset, L starts at ``model.max_len``."""
+    softplus = lambda x: float(np.log1p(np.exp(x)))  # noqa: E731
+    for threshold, want in ((None, 24.0), (2.5, 2.5)):
+        cfg = preset(
+            "tiny-gpt2", position="fire", max_len=24, num_layers=1, fire_threshold=threshold
+        )
+        model = build(cfg)
+        params = jax.jit(model.init)(jax.random.key(0), model.dummy_batch())
+        found = [
+            softplus(np.asarray(leaf))
+            for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+            if jax.tree_util.keystr(path).endswith("['threshold']")
+        ]
+        assert found and all(t == pytest.approx(want, rel=1e-5) for t in found), found
+
+
 @pytest.mark.parametrize(
     "overrides,field",
     [
@@ -249,6 +267,8 @@ def test_encoder_places_counted_from_the_end_line_a_reversal_up_with_its_answer(
         ({"digit_first_id": 5}, "model.digit_first_id"),
         ({"position": "fire", "attention_impl": "pallas"}, "model.attention_impl"),
         ({"position": "fire", "attention": "linear"}, "model.position"),
+        ({"position": "fire", "fire_threshold": 0.0}, "model.fire_threshold"),
+        ({"fire_threshold": 8.0}, "model.fire_threshold"),
         ({"position": "none", "position_sampling": "randomized"}, "model.position_sampling"),
         (
             {

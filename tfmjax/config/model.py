@@ -80,6 +80,10 @@ class ModelConfig:
         None, help="abacus: the id of digit 0, digits being it and the next 9 (addition: 5)"
     )
     fire_hidden: int = option(32, help="fire: width of the MLP of the normalised distance")
+    fire_threshold: float | None = option(
+        None,
+        help="fire: initial value of the learned threshold L in psi(max(L, i)); none = max_len",
+    )
     sinusoidal_layout: str = option(
         "interleaved", help="sinusoidal features: interleaved sin/cos pairs or half_split"
     )

@@ -17,7 +17,22 @@ def check_position_options(cfg: Any) -> None:
     """``cfg`` is a :class:`tfmjax.config.model.ModelConfig`."""
     one_of("model.position_sampling", cfg.position_sampling, POSITION_SAMPLINGS)
     one_of("model.abacus_count_from", cfg.abacus_count_from, ABACUS_COUNTS)
-    positive("model", cfg, "max_position", "abacus_max_offset", "abacus_spread", "fire_hidden")
+    positive(
+        "model",
+        cfg,
+        "max_position",
+        "abacus_max_offset",
+        "abacus_spread",
+        "fire_hidden",
+        "fire_threshold",
+    )
+    if cfg.fire_threshold is not None:
+        require(
+            cfg.position == "fire",
+            "model.fire_threshold",
+            cfg.fire_threshold,
+            "applies to model.position='fire' (leave it unset otherwise)",
+        )
     if cfg.max_position is not None:
         require(
             cfg.position_sampling == "randomized",

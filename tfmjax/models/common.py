@@ -417,8 +417,9 @@ class PositionExtras(nn.Module):
                 return None, rel(positions, kv_pos)
             return None, rel(jnp.arange(q_len) + q_offset, jnp.arange(kv_len))
         if cfg.position == "fire":
+            threshold = cfg.max_len if cfg.fire_threshold is None else cfg.fire_threshold
             fire = FireBias(
-                cfg.num_heads, cfg.fire_hidden, float(cfg.max_len), self.bidirectional, name="fire"
+                cfg.num_heads, cfg.fire_hidden, float(threshold), self.bidirectional, name="fire"
             )
             return None, fire(positions, kv_pos)
         return None, None
