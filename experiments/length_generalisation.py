@@ -303,28 +303,41 @@ def table(tasks, families, encodings, seeds, extra=()) -> str:
     return "\n".join(lines)
 
 
+def line_style(encoding: str) -> dict:
+    """One look per encoding in every panel: a colour per base scheme (an encoding missing
+    from a panel does not shift the others' colours), dashed with open markers when randomized."""
+    base = encoding.removeprefix("randomized_")
+    bases = [e for e in ENCODINGS if not e.startswith("randomized_")]
+    style = {"color": f"C{bases.index(base) % 10}", "marker": "o", "label": encoding}
+    if base != encoding:
+        style |= {"linestyle": "--", "markerfacecolor": "none"}
+    return style
+
+
 def figure(tasks, families, encodings, seeds, path: Path, extra=()) -> None:
     """Exact-match against test length, one panel per task x family, a line per encoding."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(4.2 * len(tasks), 3.2 * len(families)), layout="constrained")
+    fig = Figure(figsize=(4.2 * len(tasks) + 2.0, 3.2 * len(families)), layout="constrained")
     axes = fig.subplots(len(families), len(tasks), squeeze=False)
+    legend = {}  # label -> line, over every panel (abacus_end is drawn in one only)
     for row, family in enumerate(families):
         for col, task in enumerate(tasks):
             ax = axes[row][col]
             for encoding in encodings:
                 em, n = _mean_scores(task, family, encoding, seeds, "exact_match", extra)
                 if em is not None:
-                    ax.plot(lengths_of(task), em, marker="o", label=encoding)
+                    (legend[encoding],) = ax.plot(lengths_of(task), em, **line_style(encoding))
             ax.set_title(f"{task}, {family}", fontsize="medium")
             ax.set_xticks(lengths_of(task))
             ax.set_ylim(-0.03, 1.03)
             ax.set_xlabel("test length (training max = first tick)")
             ax.set_ylabel("exact-match")
             ax.grid(alpha=0.3)
-    if axes[0][0].lines:
-        axes[0][0].legend(fontsize="small")
+    if legend:
+        order = [e for e in encodings if e in legend]
+        fig.legend([legend[e] for e in order], order, loc="outside right upper", fontsize="small")
     FigureCanvasAgg(fig).print_png(str(path))
 
 

@@ -81,3 +81,16 @@ def test_every_run_of_the_study_is_a_valid_config():
         assert exp.model.position_sampling == (
             "randomized" if "randomized" in encoding else "ordered"
         )
+
+
+def test_an_encoding_keeps_its_colour_in_every_panel_and_a_randomized_one_is_dashed():
+    """Panels draw different subsets of the encodings (no "none" in an encoder-decoder,
+    "abacus_end" in one panel): colours must not follow the drawing order, as they once did
+    (the encoder-decoder's FIRE line took the colour the legend gave "none")."""
+    styles = {e: study.line_style(e) for e in study.ENCODINGS}
+    ordered = [e for e in study.ENCODINGS if not e.startswith("randomized_")]
+    assert len({styles[e]["color"] for e in ordered}) == len(ordered)
+    for encoding, style in styles.items():
+        base = encoding.removeprefix("randomized_")
+        assert style["label"] == encoding and style["color"] == styles[base]["color"]
+        assert style.get("linestyle", "-") == ("--" if base != encoding else "-")
