@@ -308,7 +308,7 @@ def line_style(encoding: str) -> dict:
     from a panel does not shift the others' colours), dashed with open markers when randomized."""
     base = encoding.removeprefix("randomized_")
     bases = [e for e in ENCODINGS if not e.startswith("randomized_")]
-    style = {"color": f"C{bases.index(base) % 10}", "marker": "o", "label": encoding}
+    style = {"color": f"C{bases.index(base)}", "marker": "o", "label": encoding}
     if base != encoding:
         style |= {"linestyle": "--", "markerfacecolor": "none"}
     return style
