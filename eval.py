@@ -78,6 +78,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv, interrupts: _Interrupts) -> int:
+    from tfmjax.checkpoint import data_origin
     from tfmjax.decode.options import add_decode_arguments
     from tfmjax.parallel import processes
 
@@ -111,6 +112,7 @@ def _main(argv, interrupts: _Interrupts) -> int:
         "the newest step evaluated)",
     )
     add_decode_arguments(parser)
+    data_origin.add_argument(parser)
     processes.add_arguments(parser)
     args = parser.parse_intermixed_args(argv)
     for name in ("num_examples", "batch_size"):
@@ -142,6 +144,7 @@ def _evaluate(args, interrupts: _Interrupts) -> int:
             mesh=args.overrides,
             say=lambda line: is_main() and print(line, file=sys.stderr, flush=True),
             text=args.text,
+            accept_changed_data=args.accept_changed_data,
         )
     except (CheckpointError, ConfigError, ValueError) as err:
         return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost

@@ -66,8 +66,10 @@ def _main(argv, first: _FirstSignals) -> int:
         help="resume even though the config differs from the checkpoint's in more than the "
         "resumable keys (train.steps, intervals, ...); the new config is recorded",
     )
+    from tfmjax.checkpoint import data_origin
     from tfmjax.parallel import processes
 
+    data_origin.add_argument(parser)
     processes.add_arguments(parser)
     args = parser.parse_intermixed_args(argv)
     return processes.run_joined(args, lambda: _train(args, first))
@@ -88,7 +90,12 @@ def _train(args, first: _FirstSignals) -> int:
                 raise Interrupted(stop.requested)
             experiment = load(args.config, args.overrides)
             progress = {"auto": None, "bar": True, "lines": False}[args.progress]
-            result = train(experiment, progress=progress, override_config=args.override_config)
+            result = train(
+                experiment,
+                progress=progress,
+                override_config=args.override_config,
+                accept_changed_data=args.accept_changed_data,
+            )
         except Interrupted as err:
             print(f"{tag()}{err}", file=sys.stderr)
             return err.exit_code

@@ -62,16 +62,27 @@ def experiment(config: str | Path | Mapping, overrides=(), *, name: str | None =
     return dataclasses.replace(exp, name=name) if name else exp
 
 
-def fit(exp, *, override_config: bool = False, progress: bool | None = None) -> dict:
+def fit(
+    exp,
+    *,
+    override_config: bool = False,
+    progress: bool | None = None,
+    accept_changed_data: bool = False,
+) -> dict:
     """Train (or resume) an experiment, as ``train.py`` does: ``{"step", "stopped", "eval",
     "workdir"}``. ``exp``: an Experiment, or what :func:`experiment` takes. The workdir is
     resumed when it holds a run; Ctrl-C saves, stops and returns ``stopped=True`` (a second
-    one raises KeyboardInterrupt). ``progress``: a tqdm bar (None: only on a terminal)."""
+    one raises KeyboardInterrupt). ``progress``: a tqdm bar (None: only on a terminal).
+    ``accept_changed_data``: resume although an own task or text file changed since the
+    checkpoint (refused otherwise)."""
     from tfmjax.train.loop import train
 
     if not isinstance(exp, Experiment):
         exp = experiment(exp)
-    return train(exp, progress=progress, override_config=override_config)
+    accept = accept_changed_data
+    return train(
+        exp, progress=progress, override_config=override_config, accept_changed_data=accept
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +100,11 @@ class Loaded:
     source: Any  # the task or corpus (tfmjax.data.sources), for evaluation; None if imported
 
 
-def load(workdir: str | Path) -> Loaded:
+def load(workdir: str | Path, *, accept_changed_data: bool = False) -> Loaded:
     """The newest good checkpoint under ``workdir`` (or one step dir), on one device: the
-    params verified by their hash, the config and tokenizer saved with them."""
+    params verified by their hash, the config and tokenizer saved with them, and its data
+    (an own task or text file that changed since training: CheckpointError, one line,
+    unless ``accept_changed_data``)."""
     from tfmjax.checkpoint import (
         hf_tokenizer_of,
         is_imported,
@@ -106,7 +119,8 @@ def load(workdir: str | Path) -> Loaded:
     if is_imported(exp, assets):  # trained on no task here: its own tokenizer, if any
         source, tokenizer = None, hf_tokenizer_of(exp, assets)
     else:
-        source = open_checkpoint_source(workdir, step, exp.data)
+        accept = accept_changed_data
+        source = open_checkpoint_source(workdir, step, exp.data, accept_changed_data=accept)
         tokenizer = source.task.vocab if hasattr(source, "task") else source.tokenizer
     model = build(exp.model, deterministic=True)
     return Loaded(model, params, exp, tokenizer, step, str(workdir), source)
@@ -161,13 +175,16 @@ def generate_ids(m, ids: Sequence[Sequence[int]], strategy=None, *, max_new_toke
     return [row[:n] for row, n in zip(rows.tolist(), lengths.tolist(), strict=True)]
 
 
-def evaluate(m, *, split="eval", num_examples=None, strategy=None, seed=0, rows=5) -> dict:
+def evaluate(
+    m, *, split="eval", num_examples=None, strategy=None, seed=0, rows=5, accept_changed_data=False
+) -> dict:
     """``eval.py``'s metrics of ``m.params`` (as they are now, edited or not), with a few
     example ``rows``: ``{"step", "loss", ..., "examples"}``. ``num_examples`` defaults to
-    ``data.eval_examples``; ``strategy`` decodes the answers (default greedy)."""
+    ``data.eval_examples``; ``strategy`` decodes the answers (default greedy);
+    ``accept_changed_data`` is :func:`load`'s, when ``m`` is a path."""
     from tfmjax.evaluation.text_evaluator import make_evaluator
 
-    m = _loaded(m)
+    m = m if isinstance(m, Loaded) else load(m, accept_changed_data=accept_changed_data)
     if m.source is None:
         raise ValueError(
             f"{m.path} holds an imported model, trained on no task here: fine-tune it first, "

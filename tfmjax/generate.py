@@ -131,10 +131,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="default: the task's longest eval target + 1 (EOS)",
     )
+    from tfmjax.checkpoint import data_origin
     from tfmjax.decode.options import add_decode_arguments
     from tfmjax.parallel import processes
 
     add_decode_arguments(parser)
+    data_origin.add_argument(parser)
     processes.add_arguments(parser)
     parser.set_defaults(decode=None)
     args = parser.parse_intermixed_args(argv)
@@ -238,7 +240,9 @@ def _run(args) -> int:
                 return _generate_hf_text(experiment.model, params, tokenizer, args, strategy)
             if is_imported(experiment, assets):
                 raise ValueError(NO_HF_TOKENIZER)
-            task = open_checkpoint_source(args.workdir, step, experiment.data).task
+            accept = args.accept_changed_data
+            data = experiment.data
+            task = open_checkpoint_source(args.workdir, step, data, accept_changed_data=accept).task
             max_new = args.max_new_tokens or task.max_target_len("eval") + 1
             inputs = [task.canonical_input(text) for text in args.input]
             for line in check_trained_length(task, inputs):

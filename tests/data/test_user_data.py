@@ -5,6 +5,7 @@ the record a checkpoint keeps (tfmjax.data.user_data, sources, text)."""
 import hashlib
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from tfmjax.config import ConfigError, DataConfig
 from tfmjax.config.task_spec import TaskSpec, parse_task_spec
-from tfmjax.data import Task, make_task, task_defaults
+from tfmjax.data import Task, make_task, task_defaults, user_data
 from tfmjax.data.sources import ToySource, is_text, open_source
 from tfmjax.data.text import TextSource, split_play
 from tfmjax.data.vocab import EOS_ID, MASK_ID, RESERVED_TOKENS
@@ -229,8 +230,58 @@ def test_a_moved_task_file_is_found_by_its_bytes_or_named(tmp_path, monkeypatch)
         "back there, or run from a folder where tasks/parity.py is that same file"
     )
     (new / "tasks/parity.py").write_text(PARITY.read_text() + "# edited\n")
-    monkeypatch.chdir(new)  # the file here is another one: not taken for it
-    assert "(tasks/parity.py here has other contents)" in error_of(task, origin=origin)
+    monkeypatch.chdir(new)  # the file here is another one: opened, and its record says so
+    edited = open_source(task, {}, origin=origin).origin
+    assert edited["file"] == str(new / "tasks/parity.py")
+    assert user_data.data_change(origin, edited) == (
+        f"task file {new / 'tasks/parity.py'} of data.task={task!r} is not the one the "
+        f"checkpoint was trained on (sha256 {origin['sha256'][:12]} recorded, "
+        f"{edited['sha256'][:12]} now)"
+    )
+
+
+def test_a_data_change_is_seen_only_between_two_digests(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("one\n")
+    task = f"text:{path}"
+    before = user_data.text_file(task)[1]
+    assert user_data.data_change(before, user_data.text_file(task, before)[1]) == ""
+    path.write_text("two\n")
+    after = user_data.text_file(task, before)[1]
+    change = user_data.data_change(before, after)
+    assert change.startswith(f"text file {path} of data.task={task!r} is not the one")
+    assert before["sha256"][:12] in change and after["sha256"][:12] in change
+    for nothing in (None, {}, {"task": task}):  # a built-in task, or nothing hashed
+        assert user_data.data_change(nothing, after) == ""
+        assert user_data.data_change(after, nothing) == ""
+
+
+def test_a_module_task_records_its_file_and_a_module_without_one_says_so(tmp_path, monkeypatch):
+    write(tmp_path / "mytasks" / "__init__.py", "")
+    write(tmp_path / "mytasks" / "parity.py", PARITY.read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))  # the imports go with the test
+    task = "mytasks.parity:ParityTask"
+    record = user_data.task_class(task)[1]
+    assert record["file"] == str(tmp_path / "mytasks" / "parity.py")
+    assert record["sha256"] == hashlib.sha256(PARITY.read_bytes()).hexdigest()
+    assert user_data.unhashable_module(record) == ""
+    (tmp_path / "mytasks" / "parity.py").write_text(PARITY.read_text() + "# edited\n")
+    edited = user_data.task_class(task, record)[1]  # the module's file is hashed again
+    assert user_data.data_change(record, edited).startswith(
+        f"module mytasks.parity {record['file']} of data.task={task!r} is not the one"
+    )
+
+    fileless = types.ModuleType("fileless_tasks")  # built in memory: no file to hash
+    fileless.ParityTask = sys.modules["mytasks.parity"].ParityTask
+    sys.modules["fileless_tasks"] = fileless
+    record = user_data.task_class("fileless_tasks:ParityTask")[1]
+    assert record == {"task": "fileless_tasks:ParityTask"}
+    assert user_data.unhashable_module(record) == (
+        "note: data.task='fileless_tasks:ParityTask' is a module without a file to hash: a "
+        "checkpoint cannot tell whether it changes later"
+    )
+    assert user_data.unhashable_module({"task": "reverse"}) == ""
 
 
 # --------------------------------------------------------------------------- your own text

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from tfmjax.checkpoint.data_origin import check_same_data
 from tfmjax.checkpoint.errors import CheckpointError, CorruptStep, short_error
 from tfmjax.checkpoint.hashing import params_hash
 from tfmjax.checkpoint.store import default_sharding, reader, resolve
@@ -214,27 +215,34 @@ def _load_params(directory: str | Path, shardings) -> _Loaded:
     return _Loaded(config, params, loaded)
 
 
-def open_checkpoint_source(path, step: int, data):
+def open_checkpoint_source(path, step: int, data, *, accept_changed_data: bool = False):
     """The data source of a checkpoint's ``data`` config: your own task or text file found
-    where checkpoint ``step`` recorded it, and a text task gets the tokenizer saved there
-    (never a newly trained one)."""
+    where checkpoint ``step`` recorded it, with the bytes it recorded (a changed file is a
+    one-line CheckpointError unless ``accept_changed_data``: :mod:`.data_origin`), and a text
+    task gets the tokenizer saved there (never a newly trained one)."""
     from tfmjax.data.sources import is_text, open_source
     from tfmjax.data.tasks import TASK_NAMES
     from tfmjax.data.tokenizers import tokenizer_from_dict
+    from tfmjax.data.user_data import found_record
 
     if data.task in TASK_NAMES:  # a built-in toy task: nothing to read from the checkpoint
         return open_source(data.task, data.task_params)
     assets = load_assets(path, step)
     origin = assets.get("task_origin")
-    if not is_text(data.task):
-        return open_source(data.task, data.task_params, origin=origin)
-    saved = assets.get("tokenizer")
-    if saved is None:
-        raise CheckpointError(
-            f"checkpoint step {step} of text task {data.task!r} holds no tokenizer; it was "
-            "written by an older tfmjax: retrain, or evaluate a newer checkpoint"
-        )
-    tokenizer = tokenizer_from_dict(saved)
+    try:  # the bytes first: a changed file is named before anything reads it
+        current = found_record(data.task, origin)
+    except ValueError:
+        current = None  # not found or not importable: open_source says so below
+    check_same_data(origin, current, step=step, accept=accept_changed_data)
+    tokenizer = None
+    if is_text(data.task):
+        saved = assets.get("tokenizer")
+        if saved is None:
+            raise CheckpointError(
+                f"checkpoint step {step} of text task {data.task!r} holds no tokenizer; it was "
+                "written by an older tfmjax: retrain, or evaluate a newer checkpoint"
+            )
+        tokenizer = tokenizer_from_dict(saved)
     return open_source(data.task, data.task_params, tokenizer=tokenizer, origin=origin)
 
 

@@ -6,9 +6,10 @@ taken from the working folder; a module is imported as Python would, the working
 searched last. Every failure is one ``ValueError`` line saying what is wrong and how to fix it.
 
 Where the data came from travels in the checkpoint (its ``task_origin`` asset): the
-absolute path of the file and a SHA-256 of its bytes. ``eval.py`` and generation open that
-file again; if it has moved, a file at the configured path with the same bytes is taken as
-it, and otherwise a line names the recorded file.
+absolute path of the file (a module's too) and a SHA-256 of its bytes. ``eval.py`` and
+generation open that file again, or, if it has moved, the file at the configured path;
+:func:`data_change` then says whether its bytes are still the ones the checkpoint recorded
+(the checkpoint and training layers refuse a change unless it is accepted).
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def configured_file_digest(task: str) -> str:
+    """SHA-256 of the file ``data.task`` names (a task file or ``text:PATH``) as configured,
+    ``""`` for other tasks or a missing file."""
+    try:
+        spec = parse_task_spec(task)
+    except ValueError:
+        return ""
+    path = Path(spec.target).expanduser()
+    return file_digest(path) if spec.kind in ("file", "text") and path.is_file() else ""
+
+
 def _record(task: str, path: Path, **extra: str) -> dict[str, str]:
     return {"task": task, "file": str(path), "sha256": file_digest(path), **extra}
 
@@ -56,12 +68,38 @@ def locate(task: str, spec: TaskSpec, what: str, origin: dict | None) -> Path:
         )
     if recorded.is_file():
         return recorded
-    if configured.is_file() and file_digest(configured) == origin.get("sha256"):
-        return configured.resolve()  # the same bytes, moved
-    differs = f" ({spec.target} here has other contents)" if configured.is_file() else ""
+    if configured.is_file():
+        return configured.resolve()  # moved: data_change says whether its bytes are the same
     raise ValueError(
-        f"{what} {recorded} of data.task={task!r}, recorded in the checkpoint, is gone{differs}: "
+        f"{what} {recorded} of data.task={task!r}, recorded in the checkpoint, is gone: "
         f"put it back there, or run from a folder where {spec.target} is that same file"
+    )
+
+
+def data_change(recorded: dict | None, current: dict | None) -> str:
+    """``""`` when the data a checkpoint recorded (``recorded``, its ``task_origin``) is the
+    data opened now (``current``, the record of the file found), or when there is nothing to
+    compare (a built-in task, a module without a file); else one line saying what changed."""
+    before = (recorded or {}).get("sha256")
+    now = (current or {}).get("sha256")
+    if not before or not now or before == now:
+        return ""
+    kind = parse_task_spec(current["task"]).kind
+    what = {"text": "text file", "file": "task file"}.get(kind, f"module {current.get('module')}")
+    return (
+        f"{what} {current['file']} of data.task={current['task']!r} is not the one the "
+        f"checkpoint was trained on (sha256 {before[:12]} recorded, {now[:12]} now)"
+    )
+
+
+def unhashable_module(record: dict | None) -> str:
+    """One line when ``record`` is a module task whose file could not be hashed (a namespace
+    package, a module without a file): its changes cannot be detected. ``""`` otherwise."""
+    if not record or "sha256" in record or ":" not in record.get("task", ""):
+        return ""
+    return (
+        f"note: data.task={record['task']!r} is a module without a file to hash: a checkpoint "
+        "cannot tell whether it changes later"
     )
 
 
@@ -69,6 +107,20 @@ def text_file(task: str, origin: dict | None = None) -> tuple[Path, dict[str, st
     """``(path, origin record)`` of the text file of ``data.task = "text:PATH"``."""
     path = locate(task, parse_task_spec(task), "text file", origin)
     return path, _record(task, path)
+
+
+def found_record(task: str, origin: dict | None = None) -> dict[str, str] | None:
+    """The record (path, SHA-256) of the own task or text file ``data.task`` names, found as
+    :func:`locate` finds it, before it is read (a module is imported to find its file);
+    None for a built-in task or corpus."""
+    spec = parse_task_spec(task)
+    if spec.kind == "text":
+        return text_file(task, origin)[1]
+    if spec.kind == "file":
+        return _record(task, locate(task, spec, "task file", origin))
+    if spec.kind == "module":
+        return task_class(task, origin)[1]
+    return None
 
 
 def task_class(task: str, origin: dict | None = None) -> tuple[type[Task], dict[str, str]]:
@@ -84,7 +136,7 @@ def task_class(task: str, origin: dict | None = None) -> tuple[type[Task], dict[
     else:
         module = _import_module(task, spec.target, origin)
         where = f"module {spec.target}"
-        path = Path(module.__file__ or "")
+        path = Path(getattr(module, "__file__", None) or "")  # None: a namespace package
         record = _record(task, path, module=spec.target) if path.is_file() else {"task": task}
     return _checked_class(module, spec.attr, where), record
 

@@ -28,6 +28,7 @@ def evaluate_checkpoint(
     mesh: Sequence[str] | None = None,
     say: Callable[[str], None] | None = None,
     text: str | Path | None = None,
+    accept_changed_data: bool = False,
 ) -> dict:
     """Evaluate the params of a checkpoint (a workdir, its ``checkpoints`` dir or a step dir).
 
@@ -36,6 +37,8 @@ def evaluate_checkpoint(
     overrides (empty: the checkpoint's own mesh fitted to the devices present) restores the
     params onto that mesh and evaluates under it, as the training loop does (``eval.py``);
     ``say`` gets one line naming the mesh when it is not the checkpoint's own.
+    ``accept_changed_data``: evaluate on an own task or text file that changed since training
+    (refused otherwise: :mod:`tfmjax.checkpoint.data_origin`).
     The config comes from the checkpoint. Raises CheckpointError (missing, corrupt) or
     ConfigError (a config, split, size or mesh that does not fit), each with a one-line message.
     ``text``: a text file to score an imported language model on with its own tokenizer
@@ -84,7 +87,7 @@ def evaluate_checkpoint(
             "examples": [],
         }
     try:
-        source = open_checkpoint_source(path, step, data)
+        source = open_checkpoint_source(path, step, data, accept_changed_data=accept_changed_data)
         evaluator = make_evaluator(
             experiment.model,
             source,

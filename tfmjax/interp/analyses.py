@@ -70,10 +70,13 @@ class Run:
         return {k: jnp.asarray(v) for k, v in raw.items()}
 
 
-def load_run(path: str | Path, command: str = "heads", text=None, ids=None) -> Run:
+def load_run(
+    path: str | Path, command: str = "heads", text=None, ids=None, *, accept_changed_data=False
+) -> Run:
     """The newest good checkpoint under ``path`` (a workdir or one step dir), with its task's
-    data; an imported model, which has none, reads ``text`` (or ``ids``, a string of ids)
-    for ``command`` (:mod:`tfmjax.interp.imported`)."""
+    data (an own task or text file that changed since training is refused unless
+    ``accept_changed_data``); an imported model, which has none, reads ``text`` (or ``ids``,
+    a string of ids) for ``command`` (:mod:`tfmjax.interp.imported`)."""
     path = Path(path)
     config, params, step = load_for_inference(path)
     experiment = from_dict(config)
@@ -88,7 +91,8 @@ def load_run(path: str | Path, command: str = "heads", text=None, ids=None) -> R
             f"{experiment.data.task!r}: leave them out"
         )
     else:
-        source = open_checkpoint_source(path, step, experiment.data)
+        data, accept = experiment.data, accept_changed_data
+        source = open_checkpoint_source(path, step, data, accept_changed_data=accept)
     return Run(path, step, experiment, model, params, source)
 
 
@@ -342,12 +346,14 @@ def _positions(run: Run, batch: dict):
     return jnp.arange(ids.shape[1])[None, :] <= jnp.asarray(n)[:, None] - 1
 
 
-def phase_report(workdir: str | Path, length: int = 10, batch: int = 32) -> dict:
+def phase_report(
+    workdir: str | Path, length: int = 10, batch: int = 32, *, accept_changed_data=False
+) -> dict:
     """The best decoder head score of each kind at every checkpoint kept, and where each
     curve jumps most between two checkpoints (the phase change)."""
     steps, curves = [], {name: [] for name in SCORES}
     for step_dir in checkpoint_steps(workdir):
-        run = load_run(step_dir)
+        run = load_run(step_dir, accept_changed_data=accept_changed_data)
         scores = heads_report(run, length=length, batch=batch)["decoder"]
         steps.append(run.step)
         for name in SCORES:

@@ -33,7 +33,7 @@ import numpy as np
 
 import tfmjax.interp.analyses as analyses
 import tfmjax.interp.plots as plots
-from tfmjax.checkpoint import CheckpointError, workdir_of
+from tfmjax.checkpoint import CheckpointError, data_origin, workdir_of
 from tfmjax.config import ConfigError
 from tfmjax.data.vocab import RESERVED_TOKENS
 from tfmjax.interp.heads import SCORES
@@ -77,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--steps", type=int, default=2000, help="sae: training steps")
     p.add_argument("--batches", type=int, default=16, help="sae: training batches to collect")
+    data_origin.add_argument(p)
     return p
 
 
@@ -112,7 +113,8 @@ def token_labels(run, ids) -> list[str]:
 def run_command(args) -> dict:
     """Run one command; returns its report section (PNGs written on the way)."""
     if args.command == "phase":
-        report = analyses.phase_report(args.workdir, length=args.length)
+        accept = args.accept_changed_data
+        report = analyses.phase_report(args.workdir, length=args.length, accept_changed_data=accept)
         out = _out(args)
         plots.curves(
             report["steps"],
@@ -122,7 +124,13 @@ def run_command(args) -> dict:
             ylabel="score",
         )
         return report
-    run = analyses.load_run(args.workdir, args.command, args.input, args.ids)
+    run = analyses.load_run(
+        args.workdir,
+        args.command,
+        args.input,
+        args.ids,
+        accept_changed_data=args.accept_changed_data,
+    )
     batch = run.batch(args.batch_size)
     out = _out(args)
     if args.command == "heads":

@@ -48,11 +48,13 @@ from pathlib import Path
 
 import jax
 
-from tfmjax.checkpoint import Checkpointer, carried_assets
+from tfmjax.checkpoint import Checkpointer, carried_assets, load_assets
+from tfmjax.checkpoint.data_origin import check_same_data
 from tfmjax.checkpoint.lock import WorkdirLock
 from tfmjax.compat import untested_jax
 from tfmjax.config import LOWER_IS_BETTER, Experiment
 from tfmjax.data.sources import is_text
+from tfmjax.data.user_data import unhashable_module
 from tfmjax.models.summary import summarize
 from tfmjax.parallel import mesh_text
 from tfmjax.parallel.processes import is_main
@@ -273,6 +275,8 @@ def _header(run: Run, params, start: int, console: Console) -> None:
     console.print(f"devices: {kinds}; " + (untested_jax() or f"jax {jax.__version__}"))
     if start:
         console.print(f"resumed from checkpoint step {start}")
+    elif note := unhashable_module(run.source.assets().get("task_origin")):
+        console.print(note)
 
 
 def train(
@@ -283,13 +287,16 @@ def train(
     on_step: Callable[[int], None] | None = None,
     plot: bool = True,
     override_config: bool = False,
+    accept_changed_data: bool = False,
 ) -> dict:
     """Train (or resume) ``experiment``; returns ``{"step", "stopped", "eval", "workdir"}``.
 
     ``progress``: a tqdm bar (None: only on a TTY). ``on_step(step)`` is called after each
     step (tests use it to inject failures). A workdir that holds a run resumes it; a changed
     config is applied or refused as :mod:`tfmjax.train.resume` says (``override_config``
-    continues with any change and records it). Raises ConfigError, CheckpointError,
+    continues with any change and records it), and an own task or text file that changed
+    since the checkpoint is refused unless ``accept_changed_data``
+    (:mod:`tfmjax.checkpoint.data_origin`). Raises ConfigError, CheckpointError,
     NonFiniteLossError.
     """
     run = build_run(experiment)
@@ -310,7 +317,11 @@ def train(
                         file=stream,
                     )
                 held.enter_context(_tidied_on_failure(created, lock.path))
-            return _train_locked(run, workdir, stream, progress, on_step, plot, override_config)
+            resume = {
+                "override_config": override_config,
+                "accept_changed_data": accept_changed_data,
+            }
+            return _train_locked(run, workdir, stream, progress, on_step, plot, **resume)
     except BaseException:
         if owned:  # the lock is released now: an empty workdir this run made goes too
             created.tidy_workdir()
@@ -342,7 +353,9 @@ def _tidied_on_failure(created: Created, lock_file: Path):
             stop.on_exit_now = None
 
 
-def _train_locked(run, workdir, stream, progress, on_step, plot, override_config) -> dict:
+def _train_locked(
+    run, workdir, stream, progress, on_step, plot, override_config, accept_changed_data
+) -> dict:
     """:func:`train` once the workdir's lock is held."""
     experiment = run.experiment
     t = experiment.train
@@ -355,6 +368,12 @@ def _train_locked(run, workdir, stream, progress, on_step, plot, override_config
     with contextlib.ExitStack() as stack:
         stack.callback(ckpt.close)
         state, start, applied = restore(run, ckpt, run.batch(0), override_config)
+        if start:  # the data opened now is the data the checkpoint was trained on
+            recorded = load_assets(workdir, start).get("task_origin")
+            current = run.source.assets().get("task_origin")
+            check_same_data(
+                recorded, current, step=start, accept=accept_changed_data, stream=stream
+            )
         main = is_main()  # process 0 alone prints and writes metrics
         log = NullLog()
         if main:

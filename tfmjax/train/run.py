@@ -16,6 +16,7 @@ import numpy as np
 
 from tfmjax.config import ConfigError, Experiment
 from tfmjax.data.sources import is_text, open_source
+from tfmjax.data.user_data import configured_file_digest
 from tfmjax.data.vocab import PAD_ID
 from tfmjax.evaluation.text_evaluator import make_evaluator
 from tfmjax.models import FAMILIES, build
@@ -140,12 +141,13 @@ _MAX_RUNS = 2
 
 
 def _run_key(experiment: Experiment) -> str:
-    """Everything that shapes the compiled functions: the config minus its name, workdir and
-    the loop's settings (``train_steps`` compiles once per number of steps, whatever K)."""
+    """Everything that shapes the compiled functions and the data: the config minus its
+    name, workdir and the loop's settings (``train_steps`` compiles once per number of steps,
+    whatever K), and the bytes of an own task or text file (edited, it is opened again)."""
     raw = experiment.to_dict()
     raw["name"], raw["train"]["workdir"] = "", ""
     raw["train"]["steps_per_call"] = raw["train"]["prefetch"] = None
-    return json.dumps(raw, sort_keys=True)
+    return json.dumps([raw, configured_file_digest(experiment.data.task)], sort_keys=True)
 
 
 def build_run(experiment: Experiment) -> Run:
