@@ -362,3 +362,51 @@ def test_explain_lists_your_task_and_text(monkeypatch, capsys):
     assert "(your task) cannot be loaded here: task file 'gone.py'" in explain.tasks_table(
         "gone.py:T"
     )
+
+
+# ------------------------------------------- members a task answers, in any form users write
+
+NO_LENGTH_FORMS = {
+    "method": "    def supports_length_split(self):\n        return False\n",
+    "property": "    @property\n    def supports_length_split(self):\n        return False\n",
+    "class attribute": "    supports_length_split = False\n",
+}
+
+
+@pytest.mark.parametrize("form", NO_LENGTH_FORMS)
+def test_a_task_without_a_length_split_is_refused_it_however_it_says_so(tmp_path, form):
+    """docs/own_data.md: "A task without one overrides supports_length_split to return
+    False". Written as a plain method it was a bound method, always true, and eval.py
+    --split length scored examples of a split the task does not define."""
+    path = tmp_path / "nolength.py"
+    write(
+        path,
+        HEADER
+        + TWO_CLASS.replace("class Twice(Task):\n", "class Twice(Task):\n" + NO_LENGTH_FORMS[form]),
+    )
+    source = open_source(f"{path}:Twice", {})
+    assert source.task.supports_length_split is False
+    with pytest.raises(ValueError, match="task 'Twice' has no 'length' split"):
+        source.check_split("length")
+    with pytest.raises(ValueError, match="no 'length' split"):
+        source.batch(batch_format="seq2seq", batch_size=2, seed=0, step=0, split="length")
+    source.check_split("eval")  # the other splits stay
+
+
+def test_digit_ids_written_as_a_method_answer_as_a_value(tmp_path):
+    path = tmp_path / "digits.py"
+    digits = "    def digit_ids(self):\n        return (5, 6)\n"
+    write(path, HEADER + TWO_CLASS.replace("class Twice(Task):\n", "class Twice(Task):\n" + digits))
+    assert open_source(f"{path}:Twice", {}).digit_ids == (5, 6)
+
+
+def test_a_task_name_written_as_a_method_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "named.py"
+    named = "    def name(self):\n        return 'twice'\n"
+    write(path, HEADER + TWO_CLASS.replace("class Twice(Task):\n", "class Twice(Task):\n" + named))
+    with pytest.raises(ValueError) as err:
+        open_source(f"{path}:Twice", {})
+    assert str(err.value).endswith(
+        "TypeError: task Twice: name is a method; give it as a class attribute "
+        "(name = 'twice') or a property (line 6)"
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import inspect
 import string
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -51,6 +52,13 @@ def check_int(task: str, name: str, value: Any, lo: int, hi: int | None = None) 
         raise ValueError(f"task {task!r}: {name} must be an int {bound}, got {value!r}")
 
 
+# Members a task overrides to answer a question about itself, read as values
+# (``task.supports_length_split``): a subclass may write each as a property, a class
+# attribute or a plain method (``def supports_length_split(self): return False``), which
+# ``Task.__init_subclass__`` makes a property (a bound method would always be true).
+_ANSWERS = ("supports_length_split", "digit_ids")
+
+
 class Task(abc.ABC):
     """A seq2seq toy task. Concrete tasks are frozen kw-only dataclasses of their params.
 
@@ -67,6 +75,14 @@ class Task(abc.ABC):
         super().__init_subclass__(**kwargs)
         if not any("name" in vars(klass) for klass in cls.__mro__):  # a value or a property
             cls.name = cls.__name__
+        if inspect.isfunction(vars(cls).get("name")):
+            raise TypeError(
+                f"task {cls.__name__}: name is a method; give it as a class attribute "
+                f"(name = {cls.__name__.lower()!r}) or a property"
+            )
+        for member in _ANSWERS:  # written as a plain method, each still answers as a value
+            if inspect.isfunction(vars(cls).get(member)):
+                setattr(cls, member, property(vars(cls)[member]))
 
     @property
     def digit_ids(self) -> tuple[int, ...]:
