@@ -425,6 +425,14 @@ def test_load_config_and_params_from_workdir_checkpoints_dir_or_step_dir(tmp_pat
         assert_trees_equal(params, make_state(step)["params"])
     with pytest.raises(CheckpointError, match="does not exist"):
         load_config(tmp_path / "nope")
+    for missing in (tmp_path / "checkpoints" / "999", f"{tmp_path}/checkpoints/3/"):
+        with pytest.raises(CheckpointError) as err:  # a step that is not there: the ones that are
+            load_for_inference(missing)
+        step = Path(missing).name
+        assert str(err.value) == (
+            f"{tmp_path / 'checkpoints'} holds no checkpoint step {step}; its steps: 1, 2 "
+            "(give one, or the workdir for the newest)"
+        )
     with pytest.raises(CheckpointError, match="no checkpoint in"):
         load_for_inference(tmp_path / "checkpoints" / "2" / "config")
 

@@ -223,6 +223,14 @@ def test_jit_with_static_names_and_the_cache_as_a_pytree(rows, tiny):
         "encoder.hook_out",
     ]
     assert cache.stack("cross_attn.hook_pattern").shape[:2] == (2, 3)
+    # a read-only mapping over the full names, as a user of dicts expects
+    assert list(cache) == list(cache.keys()) == cache.names() and len(cache) == 3
+    assert [name for name, _ in cache.items()] == cache.names()
+    assert list(cache.values())[2] is cache["encoder.hook_out"]
+    assert "encoder.hook_out" in cache and "hook_out" in cache and "hook_q" not in cache
+    assert cache.get("encoder.hook_nope") is None and dict(cache).keys() == set(cache.names())
+    with pytest.raises(TypeError):
+        cache["encoder.hook_out"] = 0
     _, eager = run_with_cache(model, params, batch, names=names)
     np.testing.assert_allclose(cache["encoder.hook_out"], eager["encoder.hook_out"], atol=1e-5)
 

@@ -158,6 +158,15 @@ def test_an_edited_task_file_is_refused_everywhere_and_accepted_with_the_flag(
     assert _script("eval")([workdir]) == 0  # restored: the same bytes again
 
 
+def test_eval_py_names_the_steps_there_are_for_a_step_that_is_not(project, capsys):
+    checkpoints = project / "runs" / "task" / "checkpoints"
+    assert _script("eval")([str(checkpoints / "999")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {checkpoints} holds no checkpoint step 999; its steps: 4 (give one, or the "
+        "workdir for the newest)\n"
+    )
+
+
 def test_an_edited_text_file_is_refused_and_accepted_with_the_flag(project, monkeypatch, capsys):
     workdir = str(project / "runs" / "text")
     monkeypatch.chdir(project)

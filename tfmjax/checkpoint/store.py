@@ -89,6 +89,12 @@ def resolve(directory: str | Path) -> tuple[Path, int | None]:
     """``(checkpoints dir, step or None)`` for a workdir, a checkpoints dir or one step dir."""
     path = Path(directory).absolute()
     if not path.exists():
+        steps = finalized_steps(path.parent) if path.name.isdigit() else []
+        if steps:  # a step that is not there, beside the ones that are
+            raise CheckpointError(
+                f"{path.parent} holds no checkpoint step {path.name}; its steps: "
+                f"{', '.join(map(str, steps))} (give one, or the workdir for the newest)"
+            )
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
     if TMP_SUFFIX in path.name:
         raise CheckpointError(

@@ -40,9 +40,11 @@ def prepare(model, params):
 
 
 @jax.tree_util.register_pytree_node_class
-class ActivationCache:
+class ActivationCache(Mapping):
     """Activations by full hook name, read as ``cache[name]`` (a suffix that picks one name
-    is enough). A pytree, so it can be returned from and passed into jitted functions."""
+    is enough, for ``in`` too). A read-only mapping over the full names, sorted (``keys``,
+    ``items``, ``values``, ``len``, iteration, ``get``), and a pytree, so it can be returned
+    from and passed into jitted functions."""
 
     def __init__(self, activations: Mapping):
         self.activations = dict(activations)
@@ -66,6 +68,9 @@ class ActivationCache:
 
     def __len__(self) -> int:
         return len(self.activations)
+
+    def __iter__(self):
+        return iter(self.names())
 
     def stack(self, name: str, stack: str = "decoder"):
         """``{stack}.blocks.{l}.{name}`` of every layer, stacked: ``[L, ...]``."""
