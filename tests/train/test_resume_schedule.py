@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tfmjax.checkpoint import CheckpointError, load_config
-from tfmjax.config import load
+from tfmjax.config import ConfigError, load
 from tfmjax.reporting.metrics_log import read_records
 from tfmjax.train.loop import train
 from tfmjax.train.resume import check_resume, learning_rate, longer_hint
@@ -184,4 +184,20 @@ def test_training_longer_keeps_the_rate_or_says_how_it_moves(tmp_path):
     assert f"train.steps 8 -> 16 (the cosine learning rate at step 8: {jump})" in out
     assert _rates(tmp_path, 8) == pytest.approx(
         {s: cosine(s - 1, peak, 2, 16, end) for s in range(9, 17)}, rel=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, key, value",
+    [
+        (["train.steps=50"], "train.steps", 50),
+        (["optim.schedule_steps=60"], "optim.schedule_steps", 60),
+    ],
+)
+def test_a_span_shorter_than_the_warmup_is_refused_in_config_names(overrides, key, value):
+    with pytest.raises(ConfigError) as err:
+        make_run_schedule(exp(*overrides))
+    assert str(err.value) == (
+        f"{key}={value} is shorter than optim.warmup_steps=100, which optim.schedule='cosine' "
+        f"finishes before it decays: set {key} >= 100 or optim.warmup_steps <= {value}"
     )

@@ -21,6 +21,30 @@ def _suggest(key: str, options) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+# Short names other tools use for a key, too far from it for difflib: (section, key) -> key.
+ALIASES = {
+    "lr": "optim.learning_rate",
+    "learning_rate": "optim.learning_rate",
+    "wd": "optim.weight_decay",
+    "weight_decay": "optim.weight_decay",
+    "warmup": "optim.warmup_steps",
+    "bs": "data.batch_size",
+    "batch": "data.batch_size",
+    "batch_size": "data.batch_size",
+    "max_steps": "train.steps",
+    "seq_len": "model.max_len",
+}
+
+
+def _suggest_key(section: str, key: str, names) -> str:
+    """`` (did you mean 'x'?)``: a known alias (in whichever section it lives), else the
+    closest key of ``section``."""
+    alias = ALIASES.get(key)
+    if alias and alias != f"{section}.{key}":
+        return f" (did you mean {alias!r}?)"
+    return _suggest(key, names)
+
+
 def _build_section(section: str, values: dict) -> Any:
     """One section's config from its keys (``model.preset`` first, when given)."""
     cls = SECTIONS[section]
@@ -32,7 +56,7 @@ def _build_section(section: str, values: dict) -> Any:
     for key in values:
         if key not in names:
             raise ConfigError(
-                f"unknown key {section}.{key}{_suggest(key, names)}; "
+                f"unknown key {section}.{key}{_suggest_key(section, key, names)}; "
                 f"valid keys: {', '.join(sorted(names))}"
             )
     # An override ``key=none`` reads as None; for a field that takes only strings (e.g.

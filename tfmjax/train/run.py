@@ -202,6 +202,14 @@ def make_run_schedule(experiment: Experiment, hyper: dict | None = None):
             decay_fraction=o.decay_fraction,
         )
     except ValueError as err:
+        span_key = "optim.schedule_steps" if o.schedule_steps else "train.steps"
+        span_value = schedule_span(experiment)
+        if span_value < o.warmup_steps:  # the decaying schedules' one check of the span
+            raise ConfigError(
+                f"{span_key}={span_value} is shorter than optim.warmup_steps={o.warmup_steps}, "
+                f"which optim.schedule={o.schedule!r} finishes before it decays: set "
+                f"{span_key} >= {o.warmup_steps} or optim.warmup_steps <= {span_value}"
+            ) from None
         span = f"optim.schedule_steps={o.schedule_steps}" if o.schedule_steps else ""
         raise ConfigError(
             f"optim.schedule={o.schedule!r} with optim.warmup_steps={o.warmup_steps} "
