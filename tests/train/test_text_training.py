@@ -17,6 +17,7 @@ from tfmjax.evaluation.report import evaluate_checkpoint, format_report
 from tfmjax.generate import continue_text
 from tfmjax.generate import main as generate_main
 from tfmjax.models import build
+from tfmjax.reporting.console import format_record
 from tfmjax.reporting.metrics_log import deterministic_part, read_records
 from tfmjax.train.loop import train
 
@@ -84,6 +85,11 @@ def test_a_tiny_language_model_lowers_the_validation_loss(lm_run):
     samples = evals[-1]["samples"]
     assert len(samples) == 3 and all(len(s["continuation"]) == 8 for s in samples)
     assert result["eval"]["bits_per_char"] == evals[-1]["bits_per_char"]
+    # a language model's train lines show loss, perplexity and accuracy: no exact match,
+    # which a window of text never reaches (it printed "exact 0.0000")
+    trains = [r for r in read_records(workdir / "metrics.jsonl") if r["split"] == "train"]
+    assert trains and all("exact_match" not in r and "perplexity" in r for r in trains)
+    assert "exact" not in format_record(trains[-1])
 
 
 def test_checkpoint_carries_the_tokenizer_into_eval_and_generate(lm_run, capsys):

@@ -144,6 +144,8 @@ class _Loop:
             **window_means(jax.device_get(state.window)),
             "timing": self.window.timing(self.run.tokens_per_step, self.elapsed()),
         }
+        if is_text(self.run.experiment.data.task):  # a window of text is never matched whole
+            record.pop("exact_match")
         self.log.write(record)
         self.console.record(record)
         self.window = _Window()
