@@ -51,9 +51,30 @@ def test_every_command_writes_pngs_and_a_report(workdir, capsys):
         ["sae", "--features", "32", "--steps", "50", "--batches", "2"],
         ["phase", "--length", "4"],
     ]
+    printed = {}
     for command in commands:
+        capsys.readouterr()
         assert main([str(workdir), *command, "--batch-size", "16"]) == 0, command
+        printed[command[0]] = capsys.readouterr().out.splitlines()
     report = _report(workdir)
+    # What each command prints: the files it wrote, then a few readable lines of its report.
+    for name, lines in printed.items():
+        assert lines[0].startswith(f"{name}: wrote ") and lines[0].endswith(f" in {out}/")
+        assert "interp.json" in lines[0] and len(lines) >= 2, lines
+        assert all(line.startswith("  ") and len(line) < 400 for line in lines[1:]), lines
+    assert "heads_decoder.png" in printed["heads"][0] and "dla.png" in printed["dla"][0]
+    top = report["heads"]["decoder"]["top"]["previous_token"]
+    assert f"previous_token L{top['layer']}H{top['head']} {top['score']:.3f}" in "".join(
+        printed["heads"]
+    )
+    name, value = report["dla"]["top"][0]
+    assert printed["dla"][1] == (
+        f"  answer logit {report['dla']['answer_logit']:.3f} = sum of the parts "
+        f"{report['dla']['sum']:.3f}"
+    )
+    assert printed["dla"][2].startswith(f"  largest parts: {name} {value:+.3f}, ")
+    assert f"loss recovered {report['sae']['loss_recovered']:.3f}" in printed["sae"][1]
+    assert printed["phase"][1].startswith("  2 checkpoints; largest jumps: ")
     assert set(report) == {"heads", "patterns", "dla", "patch", "ablate", "sae", "phase"}
     pngs = {p.name for p in out.glob("*.png")}
     assert {"heads_encoder.png", "heads_decoder.png", "dla.png", "phase.png"} <= pngs

@@ -39,6 +39,7 @@ from tfmjax.data.vocab import RESERVED_TOKENS
 from tfmjax.interp.heads import SCORES
 from tfmjax.interp.hooked import run_with_cache
 from tfmjax.interp.sae import SAEConfig
+from tfmjax.interp.summary import summary_lines
 
 COMMANDS = ("heads", "patterns", "dla", "patch", "ablate", "sae", "phase")
 
@@ -220,8 +221,16 @@ def _side_labels(run, row: dict) -> dict:
     return out
 
 
+def _files(folder: Path) -> set[tuple[str, int]]:
+    """``(name, modification time)`` of each file in ``folder`` (none when it is missing)."""
+    if not folder.is_dir():
+        return set()
+    return {(p.name, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    before = _files(_out(args))
     try:
         report = run_command(args)
     except (CheckpointError, ConfigError, ValueError, KeyError) as err:
@@ -229,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
     path = write_report(_out(args), args.command, report)
-    keys = ("top", "largest_jump", "exact_match_ablated_together", "loss_recovered", "alignment")
-    summary = {k: v for k, v in report.items() if k in keys}
-    print(f"{args.command}: wrote {path.parent}/ ({json.dumps(summary)[:200]})")
+    written = sorted(name for name, _ in _files(path.parent) - before)
+    print(f"{args.command}: wrote {', '.join(written)} in {path.parent}/")
+    for line in summary_lines(args.command, report):
+        print(f"  {line}")
     return 0
