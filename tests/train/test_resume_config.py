@@ -76,7 +76,16 @@ def test_other_changes_are_refused_with_the_ways_out(finished):
     assert "holds a run (step 4) with a different config" in message
     assert "model.d_ff 32 -> 64" in message and "optim.learning_rate 0.003 -> 0.001" in message
     assert "train.steps" not in message  # allowed: not listed as refused
-    assert "train.workdir=NEW_DIR" in message and "--override-config" in message
+    # a wider FFN cannot take the checkpoint's arrays: only a new run is offered
+    assert message.endswith("Its parameters do not fit this model, so start a new run: "
+                            "train.workdir=NEW_DIR")  # fmt: skip
+    assert "--override-config" not in message
+    with pytest.raises(CheckpointError) as err:  # what fits gets both ways out
+        run(experiment(finished, optim__learning_rate=1e-3, model__dropout_rate=0.1))
+    assert str(err.value).endswith(
+        "Start a new run with train.workdir=NEW_DIR, or continue this one with the new "
+        "settings: --override-config"
+    )
     assert load_config(finished)["optim"]["learning_rate"] == 3e-3  # nothing touched
 
 
@@ -120,7 +129,8 @@ def test_cli_refuses_a_different_model_config_in_one_line(finished):
     assert refused.stderr.strip().count("\n") == 0 and "Traceback" not in refused.stderr
     assert "holds a run (step 4) with a different config" in refused.stderr
     assert "model.d_ff 32 -> 64" in refused.stderr
-    assert "train.workdir=NEW_DIR" in refused.stderr and "--override-config" in refused.stderr
+    assert "start a new run: train.workdir=NEW_DIR" in refused.stderr
+    assert "--override-config" not in refused.stderr  # it could not restore these arrays
     assert load_config(finished) == before
 
 

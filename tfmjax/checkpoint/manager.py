@@ -348,6 +348,14 @@ class Checkpointer:
 
         return self._store.first_good(step, read_one)
 
+    def misfit(self, abstract_state: Any, step: int) -> list[str]:
+        """How checkpoint ``step``'s arrays differ from ``abstract_state`` (names, shapes,
+        dtypes), read from its metadata alone; ``[]`` when the state would restore into it.
+        Raises CorruptStep for an unreadable step."""
+        metadata, _ = self._store.read_json(step)
+        target = array_table(abstract_target(abstract_state))
+        return structure_diff(metadata.get("arrays", {}), target)
+
     def restore_or_none(
         self, abstract_state: Any, *, config: Any = None, step: int | None = None
     ) -> tuple[Any, int] | None:

@@ -12,6 +12,8 @@ A rerun compares the config saved in the newest checkpoint with the new one:
 * any other change is refused in one line that lists it and names the two ways out: a new
   ``train.workdir``, or ``--override-config`` (``train(..., override_config=True)``), which
   continues with the new settings and records them in the checkpoints and ``metrics.jsonl``;
+  when the checkpoint's arrays do not fit the new model (another family, width, depth...),
+  only the new workdir is offered;
 * a change of what a decaying schedule spans (``train.steps``, ``optim.schedule_steps``) is
   applied only if the learning rate at the resumed step stays what it was (a wsd run in its
   stable phase, a constant or inverse-sqrt schedule, ``optim.schedule_steps`` kept): a
@@ -29,6 +31,7 @@ import math
 import jax
 
 from tfmjax.checkpoint import Checkpointer, CheckpointError, load_config
+from tfmjax.checkpoint.errors import CorruptStep
 from tfmjax.config import SECTIONS, Experiment, changes, from_dict
 from tfmjax.parallel.processes import to_host
 from tfmjax.train.run import Run, make_run_schedule, schedule_span
@@ -116,12 +119,15 @@ def _span_check(saved: dict, now: Experiment, step: int, spanned: list[str]):
     return False, note, refusal
 
 
-def check_resume(saved: dict, now: Experiment, step: int, *, override: bool) -> list[str]:
+def check_resume(
+    saved: dict, now: Experiment, step: int, *, override: bool, fits: bool = True
+) -> list[str]:
     """The changes to apply and print; raises :class:`CheckpointError` for a refused change
     unless ``override``. ``saved`` is the config of the checkpoint at ``step``. A change of
     what the schedule spans (:data:`SPAN`) is allowed when it leaves the learning rate at
     ``step`` as it was; otherwise it is refused on its own line (see the module's text), or,
-    under ``override``, applied with the two rates named."""
+    under ``override``, applied with the two rates named. ``fits``: whether the checkpoint's
+    arrays fit the state of ``now`` (when not, only a new run is offered)."""
     allowed, refused = config_changes(saved, now)
     spanned = [c for c in allowed + refused if c.split(" ", 1)[0] in SPAN]
     if spanned:
@@ -136,10 +142,15 @@ def check_resume(saved: dict, now: Experiment, step: int, *, override: bool) -> 
         elif not others:
             raise CheckpointError(refusal)
     if refused and not override:
+        ways = (
+            "Start a new run with train.workdir=NEW_DIR, or continue this one with the new "
+            "settings: --override-config"
+            if fits
+            else "Its parameters do not fit this model, so start a new run: train.workdir=NEW_DIR"
+        )
         raise CheckpointError(
             f"{now.workdir} holds a run (step {step}) with a different config: "
-            f"{'; '.join(refused)}. Start a new run with train.workdir=NEW_DIR, or continue "
-            "this one with the new settings: --override-config"
+            f"{'; '.join(refused)}. {ways}"
         )
     return allowed + refused
 
@@ -158,7 +169,11 @@ def restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
             state = jax.device_put(to_host(state), run.state_shardings)
         return state, 0, []
     saved = load_config(ckpt.directory)
-    applied = check_resume(saved, exp, latest, override=override)
+    try:
+        fits = not ckpt.misfit(target, latest)
+    except CorruptStep:  # the restore below falls back to an older step, and says so
+        fits = True
+    applied = check_resume(saved, exp, latest, override=override, fits=fits)
     state, step = ckpt.restore(target, config=None if override else exp.to_dict())
     return state, step, applied
 
