@@ -79,7 +79,7 @@ def _train(args, first: _FirstSignals) -> int:
     from tfmjax.checkpoint import CheckpointError
     from tfmjax.config import ConfigError, load
     from tfmjax.parallel.processes import fail, is_main, tag
-    from tfmjax.train.loop import NonFiniteLossError, train
+    from tfmjax.train.loop import EvaluationError, NonFiniteLossError, train
     from tfmjax.train.stopping import Interrupted, StopSignals
 
     # train() shares it: a signal from here on reaches the loop; a second Ctrl-C exits 130
@@ -101,7 +101,7 @@ def _train(args, first: _FirstSignals) -> int:
             return err.exit_code
         except (ConfigError, CheckpointError) as err:
             return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost
-        except NonFiniteLossError as err:
+        except (NonFiniteLossError, EvaluationError) as err:
             print(f"{tag()}error: {err}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # not expected (the handlers above never raise it)

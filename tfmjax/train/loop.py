@@ -50,6 +50,7 @@ import jax
 
 from tfmjax.checkpoint import Checkpointer, carried_assets, load_assets
 from tfmjax.checkpoint.data_origin import check_same_data
+from tfmjax.checkpoint.errors import short_error
 from tfmjax.checkpoint.lock import WorkdirLock
 from tfmjax.compat import untested_jax
 from tfmjax.config import LOWER_IS_BETTER, Experiment
@@ -76,6 +77,17 @@ STEP_GUARD: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcon
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a non-finite loss or gradient; nothing after it was saved."""
+
+
+class EvaluationError(RuntimeError):
+    """The evaluation inside training failed; the state of that step was saved first."""
+
+
+def _eval_hint(err: BaseException) -> str:
+    """The fix of an evaluation failure we know, or ``""``."""
+    if "BF16" in str(err) and jax.default_backend() == "cpu":
+        return " (XLA:CPU cannot decode a bfloat16 model at batch > 1: use model.dtype=float32)"
+    return ""
 
 
 def _check_finite(state, last_saved: int | None) -> None:
@@ -241,7 +253,16 @@ class _Loop:
             state = self.log_train(state, done)
         evaluated = done % t.eval_every == 0 or last
         if evaluated:
-            self.evaluate(state, done)
+            try:
+                self.evaluate(state, done)
+            except Exception as err:  # XLA's, or an own task's code: one line, the step kept
+                self.save(state, done, None)
+                self.ckpt.wait()
+                raise EvaluationError(
+                    f"the evaluation at step {done} failed ({short_error(err, limit=240)}); "
+                    f"step {done} is saved: python eval.py {self.run.experiment.workdir} "
+                    f"evaluates it once that is fixed{_eval_hint(err)}"
+                ) from None
         if done % t.checkpoint_every == 0 or last:
             self.save(state, done, self.last_eval if evaluated else None)
         return state
