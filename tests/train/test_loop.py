@@ -15,7 +15,7 @@ from tfmjax.checkpoint import load_for_inference, params_hash
 from tfmjax.config import ConfigError, from_dict
 from tfmjax.models import InputError
 from tfmjax.reporting.metrics_log import read_records
-from tfmjax.train.loop import NonFiniteLossError, train
+from tfmjax.train.loop import NonFiniteLossError, dtype_note, train
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 600  # only against hangs: the CLI tests wait for events, never for a time
@@ -211,3 +211,14 @@ def test_cli_non_finite_loss_exits_1_and_keeps_the_last_checkpoint(tmp_path):
     _, after, _ = load_for_inference(workdir / "checkpoints" / "20")
     assert params_hash(after) == params_hash(before)
     assert max(r["step"] for r in read_records(workdir / "metrics.jsonl")) == 20
+
+
+def test_the_header_notes_a_float32_run_on_an_accelerator():
+    """float32 stays the default (CPUs, the same numbers on every machine); on a GPU or TPU
+    the run header says how to compute in bfloat16, which the README's GPU figures used."""
+    for backend in ("gpu", "tpu"):
+        assert dtype_note(backend, "float32") == (
+            f"note: model.dtype=float32 on {backend}: model.dtype=bfloat16 computes in bfloat16 "
+            "(parameters and optimizer state stay float32), as the README's GPU figures did"
+        )
+    assert dtype_note("cpu", "float32") == dtype_note("gpu", "bfloat16") == ""
