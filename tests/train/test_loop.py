@@ -150,7 +150,10 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
     assert code == 0, err
     steps = [int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()]
     assert len(steps) == 1 and 10 <= steps[0] < 100_000
-    assert f"SIGTERM: saved step {steps[0]}; stopping" in out
+    # "saving" while the save runs, "saved" once it has finished (not before: a second
+    # signal in between says which older checkpoint is intact)
+    saving = out.index(f"SIGTERM: saving step {steps[0]}; stopping\n")
+    assert out.index(f"SIGTERM: saved step {steps[0]}; stopping; rerun") > saving
     assert read_records(metrics)[0]["step"] == 10
 
 

@@ -227,7 +227,7 @@ class _Loop:
                 f"the run in {self.run.experiment.workdir} finished at step {start} "
                 f"(train.steps={t.steps}): nothing to do; {longer_hint(self.run.experiment, start)}"
             )
-            return state, start, False
+            return state, start, ""
         self.start = start
         calls = call_spans(start, t.steps, t.steps_per_call)
         build = lambda span: self.run.device_batches(*span)  # noqa: E731
@@ -240,11 +240,9 @@ class _Loop:
                 if requested:
                     if self.last_saved != end:
                         self.save(state, end, None)
-                    self.console.print(
-                        f"{requested}: saved step {end}; stopping; rerun the same command to resume"
-                    )
-                    return state, end, True
-        return state, t.steps, False
+                    self.console.print(f"{requested}: saving step {end}; stopping")
+                    return state, end, requested  # "saved" once the save has finished
+        return state, t.steps, ""
 
     def at_step_end(self, state, done: int):
         t = self.run.experiment.train
@@ -430,8 +428,13 @@ def _train_locked(
         with StopSignals() as stop:
             state, step, stopped = loop.run_steps(state, start, stop)
             ckpt.wait()
+            if stopped:
+                console.print(
+                    f"{stopped}: saved step {step}; stopping; rerun the same command to resume"
+                )
     if plot and is_main():
         from tfmjax.train.plots import plot_metrics
 
         plot_metrics(workdir)
-    return {"step": step, "stopped": stopped, "eval": loop.last_eval, "workdir": str(workdir)}
+    result = {"step": step, "stopped": bool(stopped), "eval": loop.last_eval}
+    return {**result, "workdir": str(workdir)}
