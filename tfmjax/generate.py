@@ -295,12 +295,7 @@ def text_continuations(
     prompts = [tokenizer.encode(text) for text in texts]
     if not all(prompts):
         raise ValueError('--input is empty: give the text to continue, e.g. "ROMEO:"')
-    longest = max(len(p) for p in prompts)
-    if longest >= model_config.max_len:
-        raise ValueError(
-            f"--input has {longest} tokens, which fill the model's "
-            f"model.max_len={model_config.max_len} positions: give a shorter text"
-        )
+    _check_prompt_fits(max(len(p) for p in prompts), model_config.max_len)
     model = build(model_config)
     rng = jax.random.key(seed)
     news = []
@@ -358,7 +353,11 @@ def hf_continuations(
 ) -> list[str]:
     """What an imported model writes after each text: encoded with the model's own tokenizer
     (with the special tokens it adds, as ``AutoTokenizer(text)``), continued as ``--ids``
-    would be (up to its EOS, or ``max_new_tokens``, default 16), decoded without the EOS."""
+    would be (up to its EOS, or ``max_new_tokens``, default 16), decoded without the EOS.
+    Prompt and new tokens beyond ``model.max_len``: each prompt slides its window
+    (:func:`continue_text`), as a text task's model does."""
+    import jax
+
     from tfmjax.decode import generate
     from tfmjax.models import build
     from tfmjax.parallel.processes import to_host
@@ -366,15 +365,33 @@ def hf_continuations(
     prompts = [tokenizer.encode(text) for text in texts]
     if not all(prompts):
         raise ValueError('--input is empty: give the text to continue, e.g. "Hello"')
-    out = generate(build(model_config), params, prompts, strategy, max_new_tokens or 16, rng=seed)
-    rows, lengths = to_host((out.tokens, out.lengths))
+    _check_prompt_fits(max(len(p) for p in prompts), model_config.max_len)
+    model, max_new = build(model_config), max_new_tokens or 16
+    if max(len(p) for p in prompts) + max_new <= model_config.max_len:  # one batch
+        out = generate(model, params, prompts, strategy, max_new, rng=seed)
+        rows, lengths = to_host((out.tokens, out.lengths))
+        rows = [row[:n] for row, n in zip(rows.tolist(), lengths.tolist(), strict=True)]
+    else:  # past max_len: each prompt slides its window, as a text task's model does
+        rng = jax.random.key(seed)
+        rows = [
+            continue_text(model, params, p, strategy, max_new, jax.random.fold_in(rng, i))
+            for i, p in enumerate(prompts)
+        ]
     news = []
-    for row, n in zip(rows.tolist(), lengths.tolist(), strict=True):
-        new = row[:n]
+    for new in rows:
         if new and new[-1] == model_config.eos_id:  # the EOS it stopped at is not text
             new = new[:-1]
         news.append(tokenizer.decode(new))
     return news
+
+
+def _check_prompt_fits(longest: int, max_len: int) -> None:
+    """A prompt must leave a position for a new token: ValueError saying so otherwise."""
+    if longest >= max_len:
+        raise ValueError(
+            f"--input has {longest} tokens, which fill the model's model.max_len={max_len} "
+            "positions: give a shorter text"
+        )
 
 
 def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:

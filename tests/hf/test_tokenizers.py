@@ -137,6 +137,17 @@ def test_generation_from_text_stops_at_the_eos(tmp_path, capsys):
     assert first["text"] == tokenizer.decode(new, skip_special_tokens=True)
 
 
+def test_text_continues_past_the_context_by_sliding_its_window(tmp_path, capsys):
+    """An imported model's --input continues past model.max_len (32 here) as a text task's
+    model does, instead of refusing prompt + new tokens over it: the window slides
+    (generate.continue_text); up to the context's end it is the plain continuation."""
+    work = generated("gpt2", tmp_path, capsys)["work"]
+    room = 32 - len(train_tokenizer("gpt2").encode(PROMPT).ids)  # GPT-2 adds no BOS
+    whole = run_cli(generate_main, [work, "--input", PROMPT, "--max-new-tokens", 40], capsys)
+    start = run_cli(generate_main, [work, "--input", PROMPT, "--max-new-tokens", room], capsys)
+    assert whole.startswith(start.rstrip("\n")) and len(whole) > len(start)
+
+
 @pytest.mark.parametrize("case", ["llama", "t5"])
 def test_export_writes_the_tokenizer_back(case, tmp_path, capsys):
     work, out = tmp_path / "work", tmp_path / "out"

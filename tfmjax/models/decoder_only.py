@@ -158,9 +158,13 @@ class DecoderOnly(Family, nn.Module):
                 "(model.prompt_bos = false), so each prompt needs at least one id"
             )
         if longest + max_new_tokens > limit:
+            room = limit - longest
+            fewer = f"max_new_tokens <= {room}" if room > 0 else "a shorter prompt"
             raise ValueError(
                 f"prompt length {longest} + max_new_tokens {max_new_tokens} = "
-                f"{longest + max_new_tokens} exceeds model.max_len={limit}"
+                f"{longest + max_new_tokens} exceeds model.max_len={limit}: ask for {fewer} "
+                "(a language model's text continues past it through tfmjax.generate_text or "
+                "python -m tfmjax.generate --input, whose window slides)"
             )
 
     @nn.nowrap

@@ -226,10 +226,16 @@ class EncoderDecoder(Family, nn.Module):
     def check_generation(self, lengths, max_new_tokens: int) -> None:
         """Inputs and outputs must each fit in ``model.max_len`` positions."""
         longest, limit = int(np.max(lengths)), self.config.max_len
-        if longest > limit:
-            raise ValueError(f"encoder input length {longest} exceeds model.max_len={limit}")
+        if longest > limit:  # the encoder reads its whole input: nothing can slide
+            raise ValueError(
+                f"encoder input length {longest} exceeds model.max_len={limit}: give an input "
+                f"of at most {limit} tokens (its EOS included)"
+            )
         if max_new_tokens > limit:
-            raise ValueError(f"max_new_tokens {max_new_tokens} exceeds model.max_len={limit}")
+            raise ValueError(
+                f"max_new_tokens {max_new_tokens} exceeds model.max_len={limit}: ask for "
+                f"max_new_tokens <= {limit}"
+            )
 
     @nn.nowrap
     def prompt_arrays(self, prompts: np.ndarray, lengths=None) -> tuple:
