@@ -120,6 +120,21 @@ def random_params():
     return _random_params.random_params
 
 
+@pytest.fixture(scope="session")
+def script_main():
+    """``script_main("train")``: the ``main(argv)`` of the repository's ``train.py`` (or
+    ``eval.py``), loaded as a module, for command-line tests that run in-process."""
+
+    def load(name: str):
+        path = os.path.join(os.path.dirname(__file__), "..", f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"_{name}_cli", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.main
+
+    return load
+
+
 @pytest.fixture(autouse=True)
 def _release_compiled_programs_before_the_mapping_limit():
     """Each executable XLA:CPU compiles holds memory mappings of its own, and jax's caches

@@ -5,7 +5,6 @@ API's load, evaluate and fit) and accepted with ``--accept-changed-data`` /
 
 import contextlib
 import hashlib
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -23,13 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXT = "".join(f"{i}: the quick brown fox jumps over the lazy dog.\n" for i in range(80))
 REFUSED = "is not the one the checkpoint was trained on"
 FIX = "restore that file, or accept the change with --accept-changed-data"
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_{name}_cli", ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def experiment(task: str, workdir: Path, *, vocab: int, params: dict, steps: int = 4) -> dict:
@@ -100,7 +92,7 @@ def one_refusal(capsys, code: int) -> str:
     return err
 
 
-def resume_cli(project: Path, run: str, *flags: str) -> int:
+def resume_cli(script_main, project: Path, run: str, *flags: str) -> int:
     """train.py on a copy of ``runs/RUN`` with train.steps=8: a resume from step 4."""
     task, vocab, params = RUNS[run]
     copy = project / "runs" / f"{run}-resumed"
@@ -109,7 +101,7 @@ def resume_cli(project: Path, run: str, *flags: str) -> int:
     raw = experiment(task, copy, vocab=vocab, params=params, steps=8)
     config = project / f"{run}.toml"
     config.write_text(_toml(raw))
-    return _script("train")([str(config), "--progress", "lines", *flags])
+    return script_main("train")([str(config), "--progress", "lines", *flags])
 
 
 def _toml(raw: dict) -> str:
@@ -125,54 +117,56 @@ def _toml(raw: dict) -> str:
 
 
 def test_an_edited_task_file_is_refused_everywhere_and_accepted_with_the_flag(
-    project, monkeypatch, capsys
+    project, monkeypatch, capsys, script_main
 ):
     workdir = str(project / "runs" / "task")
     monkeypatch.chdir(project)
     recorded = load_assets(workdir, 4)["task_origin"]["sha256"]
     with edited(project / "tasks" / "parity.py", "# the same generator, other bytes\n") as digest:
-        assert one_refusal(capsys, _script("eval")([workdir])).endswith(
+        assert one_refusal(capsys, script_main("eval")([workdir])).endswith(
             f"(sha256 {recorded[:12]} recorded, {digest[:12]} now): {FIX} "
             "(Python: accept_changed_data=True)"
         )
         one_refusal(capsys, generate_main([workdir, "--input", "1 0"]))
         one_refusal(capsys, interp_main([workdir, "heads"]))
-        one_refusal(capsys, resume_cli(project, "task"))
+        one_refusal(capsys, resume_cli(script_main, project, "task"))
         for call in (tfmjax.load, tfmjax.evaluate):
             with pytest.raises(CheckpointError, match=REFUSED):
                 call(workdir)
 
         accepted = "; accepted"
-        assert _script("eval")([workdir, "--accept-changed-data"]) == 0
+        assert script_main("eval")([workdir, "--accept-changed-data"]) == 0
         assert accepted in capsys.readouterr().err
         assert generate_main([workdir, "--input", "1 0", "--accept-changed-data"]) == 0
         assert capsys.readouterr().out.startswith("1 0 -> ")
         assert analyses.load_run(workdir, accept_changed_data=True).step == 4
         assert tfmjax.load(workdir, accept_changed_data=True).step == 4
-        assert resume_cli(project, "task", "--accept-changed-data") == 0
+        assert resume_cli(script_main, project, "task", "--accept-changed-data") == 0
         assert accepted in capsys.readouterr().err
         # the resumed run's checkpoints record the file as it is now
         resumed = project / "runs" / "task-resumed"
         assert load_assets(resumed, 8)["task_origin"]["sha256"] == digest
         assert load_assets(resumed, 4)["task_origin"]["sha256"] == recorded
-    assert _script("eval")([workdir]) == 0  # restored: the same bytes again
+    assert script_main("eval")([workdir]) == 0  # restored: the same bytes again
 
 
-def test_eval_py_names_the_steps_there_are_for_a_step_that_is_not(project, capsys):
+def test_eval_py_names_the_steps_there_are_for_a_step_that_is_not(project, capsys, script_main):
     checkpoints = project / "runs" / "task" / "checkpoints"
-    assert _script("eval")([str(checkpoints / "999")]) == 2
+    assert script_main("eval")([str(checkpoints / "999")]) == 2
     assert capsys.readouterr().err == (
         f"error: {checkpoints} holds no checkpoint step 999; its steps: 4 (give one, or the "
         "workdir for the newest)\n"
     )
 
 
-def test_an_edited_text_file_is_refused_and_accepted_with_the_flag(project, monkeypatch, capsys):
+def test_an_edited_text_file_is_refused_and_accepted_with_the_flag(
+    project, monkeypatch, capsys, script_main
+):
     workdir = str(project / "runs" / "text")
     monkeypatch.chdir(project)
     with edited(project / "corpus.txt", "80: the lazy dog.\n") as digest:  # known characters
-        one_refusal(capsys, _script("eval")([workdir]))
-        one_refusal(capsys, resume_cli(project, "text"))
+        one_refusal(capsys, script_main("eval")([workdir]))
+        one_refusal(capsys, resume_cli(script_main, project, "text"))
         with pytest.raises(CheckpointError, match=REFUSED):
             tfmjax.load(workdir)
         # generation reads only the tokenizer the checkpoint holds, never the text

@@ -1,7 +1,6 @@
 """A failure inside training's evaluation (XLA refusing a program, an own task's code) ends
 train.py in one line and exit 1, with the state of that step saved and loadable first."""
 
-import importlib.util
 from pathlib import Path
 
 import jax
@@ -15,13 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BF16 = "UNIMPLEMENTED: Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"
 
 
-def _train_main():
-    spec = importlib.util.spec_from_file_location("_train_cli", ROOT / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
 @pytest.mark.parametrize(
     "error, hint",
     [
@@ -31,7 +23,7 @@ def _train_main():
     ids=["xla", "task-code"],
 )
 def test_a_failed_evaluation_is_one_line_and_its_step_is_saved(
-    tmp_path, monkeypatch, capsys, error, hint
+    tmp_path, monkeypatch, capsys, script_main, error, hint
 ):
     def failing(self, state, step):
         raise error
@@ -41,7 +33,7 @@ def test_a_failed_evaluation_is_one_line_and_its_step_is_saved(
     args = [str(ROOT / "configs" / "reverse_decoder.toml"), f"train.workdir={workdir}"]
     args += ["model.d_model=16", "model.num_heads=2", "model.d_ff=32", "model.num_layers=1"]
     args += ["train.steps=4", "optim.warmup_steps=2", "train.log_every=2", "train.eval_every=4"]
-    assert _train_main()([*args, "train.checkpoint_every=100", "--progress", "lines"]) == 1
+    assert script_main("train")([*args, "train.checkpoint_every=100", "--progress", "lines"]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err, err
     assert err.startswith("error: the evaluation at step 4 failed (")

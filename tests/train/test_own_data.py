@@ -2,7 +2,6 @@
 command lines: train.py, then eval.py and generate finding the task or text again from the
 checkpoint, and a line naming the file when it has moved."""
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -47,13 +46,6 @@ best_metric = "{best}"
 """
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_{name}_cli", ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
 def config(path: Path, task: str, *, params="{}", family="decoder_only", vocab=8, best="loss"):
     path.write_text(TINY.format(task=task, params=params, family=family, vocab=vocab, best=best))
     return str(path)
@@ -69,7 +61,9 @@ def one_error_line(capsys) -> str:
     return err
 
 
-def test_own_task_trains_evaluates_generates_and_is_found_again(tmp_path, monkeypatch, capsys):
+def test_own_task_trains_evaluates_generates_and_is_found_again(
+    tmp_path, monkeypatch, capsys, script_main
+):
     project, runs = tmp_path / "project", tmp_path / "runs"
     (project / "tasks").mkdir(parents=True)
     shutil.copy(ROOT / "examples" / "parity.py", project / "tasks" / "parity.py")
@@ -77,7 +71,7 @@ def test_own_task_trains_evaluates_generates_and_is_found_again(tmp_path, monkey
     monkeypatch.chdir(project)
     cfg = config(project / "own.toml", task, params="{ max_len = 4 }")
     workdir = runs / "own"
-    assert _script("train")([cfg, f"train.workdir={workdir}", "--progress", "lines"]) == 0
+    assert script_main("train")([cfg, f"train.workdir={workdir}", "--progress", "lines"]) == 0
     _, _, step = load_for_inference(workdir)
     assert step == 4
     origin = load_assets(workdir, step)["task_origin"]
@@ -85,7 +79,7 @@ def test_own_task_trains_evaluates_generates_and_is_found_again(tmp_path, monkey
 
     monkeypatch.chdir(tmp_path)  # elsewhere: the recorded path finds the task
     capsys.readouterr()
-    assert _script("eval")([str(workdir)]) == 0
+    assert script_main("eval")([str(workdir)]) == 0
     report = json.loads((workdir / "eval.json").read_text())
     assert report["task"] == task
     for key in ("loss", "token_accuracy", "exact_match"):  # the run's own last evaluation
@@ -97,16 +91,16 @@ def test_own_task_trains_evaluates_generates_and_is_found_again(tmp_path, monkey
     assert set(out.removeprefix("1011 -> ").split()) <= {"0", "1"}
 
     shutil.move(project, tmp_path / "moved")  # the task file is gone from where it was
-    for main, args in ((_script("eval"), []), (generate_main, ["--input", "1 0"])):
+    for main, args in ((script_main("eval"), []), (generate_main, ["--input", "1 0"])):
         assert main([str(workdir), *args]) == 2
         err = one_error_line(capsys)
         assert f"task file {project / 'tasks' / 'parity.py'} of data.task={task!r}" in err
         assert "recorded in the checkpoint, is gone: put it back there" in err
     monkeypatch.chdir(tmp_path / "moved")  # the same bytes at the configured path: found
-    assert _script("eval")([str(workdir)]) == 0
+    assert script_main("eval")([str(workdir)]) == 0
 
 
-def test_own_task_mistakes_stop_train_py_in_one_line(tmp_path, monkeypatch, capsys):
+def test_own_task_mistakes_stop_train_py_in_one_line(tmp_path, monkeypatch, capsys, script_main):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("class NotATask:\n    pass\n")
     for task, says in (
@@ -116,7 +110,7 @@ def test_own_task_mistakes_stop_train_py_in_one_line(tmp_path, monkeypatch, caps
         ("text:none.txt", "text file 'none.txt' of data.task='text:none.txt' does not exist"),
     ):
         cfg = config(tmp_path / "bad.toml", task)
-        assert _script("train")([cfg, f"train.workdir={tmp_path / 'w'}"]) == 2
+        assert script_main("train")([cfg, f"train.workdir={tmp_path / 'w'}"]) == 2
         err = one_error_line(capsys)
         assert err.startswith(f"error: data.task={task!r}: ") and says in err, err
         assert not (tmp_path / "w" / "checkpoints").exists()
@@ -125,13 +119,13 @@ def test_own_task_mistakes_stop_train_py_in_one_line(tmp_path, monkeypatch, caps
 TEXT = "".join(f"{i}: the quick brown fox jumps over the lazy dog.\n" for i in range(80))
 
 
-def test_own_text_trains_a_language_model(tmp_path, monkeypatch, capsys):
+def test_own_text_trains_a_language_model(tmp_path, monkeypatch, capsys, script_main):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corpus.txt").write_text(TEXT)
     params = "{ context = 16, sample_tokens = 4 }"
     cfg = config(tmp_path / "lm.toml", "text:corpus.txt", params=params, vocab=48)
     workdir = tmp_path / "lm"
-    assert _script("train")([cfg, f"train.workdir={workdir}", "--progress", "lines"]) == 0
+    assert script_main("train")([cfg, f"train.workdir={workdir}", "--progress", "lines"]) == 0
     evaluated = last_eval(workdir)
     assert len(evaluated["samples"]) == 3  # sampled continuations, as Shakespeare's
     assets = load_assets(workdir, 4)
@@ -144,7 +138,7 @@ def test_own_text_trains_a_language_model(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("the")
 
     (tmp_path / "corpus.txt").rename(tmp_path / "elsewhere.txt")
-    assert _script("eval")([str(workdir)]) == 2  # evaluation reads the text again
+    assert script_main("eval")([str(workdir)]) == 2  # evaluation reads the text again
     err = one_error_line(capsys)
     assert f"text file {tmp_path / 'corpus.txt'} of data.task='text:corpus.txt'" in err
     # generation needs only the tokenizer the checkpoint holds
