@@ -37,6 +37,7 @@ def test_grouped(i):
     time.sleep(0.2)
 """
 DIES = f"""
+import os
 
 
 def test_dies():
