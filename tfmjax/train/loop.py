@@ -331,7 +331,7 @@ def train(
     continues with any change and records it), and an own task or text file that changed
     since the checkpoint is refused unless ``accept_changed_data``
     (:mod:`tfmjax.checkpoint.data_origin`). Raises ConfigError, CheckpointError,
-    NonFiniteLossError.
+    NonFiniteLossError, EvaluationError (an evaluation failed; its step was saved first).
     """
     run = build_run(experiment)
     workdir = Path(experiment.workdir)
