@@ -351,11 +351,9 @@ def train(
                         file=stream,
                     )
                 held.enter_context(_tidied_on_failure(created, lock.path))
-            resume = {
-                "override_config": override_config,
-                "accept_changed_data": accept_changed_data,
-            }
-            return _train_locked(run, workdir, stream, progress, on_step, plot, **resume)
+            return _train_locked(
+                run, workdir, stream, progress, on_step, plot, override_config, accept_changed_data
+            )
     except BaseException:
         if owned:  # the lock is released now: an empty workdir this run made goes too
             created.tidy_workdir()
