@@ -43,6 +43,10 @@ def batch(rows=2, length=7):
         ({"moe_experts": 4, "moe_every": 3}, r"model.moe_every=3 is invalid: must divide the 4"),
         ({"moe_capacity_factor": -0.5}, r"model.moe_capacity_factor=-0.5 is invalid"),
         ({"moe_z_loss_weight": -1.0}, r"model.moe_z_loss_weight=-1.0 is invalid"),
+        (
+            {"moe_eval_capacity_factor": -1.0},
+            r"model.moe_eval_capacity_factor=-1.0 is invalid: must be >= 0 \(0 = dropless\)",
+        ),
         ({"moe_top_k": 0}, r"model.moe_top_k=0 is invalid: must be >= 1"),
     ],
 )
@@ -198,7 +202,11 @@ def test_capacity_dropping_is_causal_and_blind_to_left_padding(random_params, to
     an earlier logit (slots go in token order), and left padding (segment id 0, which takes no
     slot) leaves the real tokens' logits as they are unpadded."""
     cfg = ModelConfig(
-        **dict(SMALL, num_layers=2), moe_experts=4, moe_top_k=top_k, moe_capacity_factor=0.5
+        **dict(SMALL, num_layers=2),
+        moe_experts=4,
+        moe_top_k=top_k,
+        moe_capacity_factor=0.5,
+        moe_eval_capacity_factor=None,  # the forward below (no dropout) drops as training does
     )
     model = build(cfg)
     ids = jnp.asarray(np.random.default_rng(1).integers(3, 16, size=(2, 8)), jnp.int32)
@@ -219,3 +227,34 @@ def test_capacity_dropping_is_causal_and_blind_to_left_padding(random_params, to
     }
     got = forward(params, padded)[0][:, pad:]
     np.testing.assert_allclose(got, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_training_and_evaluation_forwards_take_their_own_capacity(random_params):
+    """``moe_capacity_factor`` 0.5 drops choices in the training forward (dropout on); the
+    forward without dropout takes ``moe_eval_capacity_factor``: by default 0, dropless, the
+    logits of a model trained dropless with the same params (bit for bit: the same
+    program); with None, the training factor's drops and logits."""
+    fields = dict(SMALL, num_layers=2, moe_experts=4, moe_top_k=2)
+    cfg = ModelConfig(**fields, moe_capacity_factor=0.5)
+    assert cfg.moe_eval_capacity_factor == 0.0 and cfg.moe_eval_capacity == 0.0
+    data = {"tokens": jnp.asarray(tokens())}
+    params = random_params(build(cfg), 3)
+
+    def forward(config, deterministic):
+        model = build(config, deterministic=deterministic)
+        rngs = None if deterministic else {"dropout": jax.random.key(0)}
+        logits, _, metrics = jax.jit(lambda p: model.apply_with_aux(p, data, rngs=rngs))(params)
+        return np.asarray(logits), float(metrics["moe_dropped_fraction"])
+
+    train_logits, train_dropped = forward(cfg, deterministic=False)
+    eval_logits, eval_dropped = forward(cfg, deterministic=True)
+    assert train_dropped > 0 and eval_dropped == 0.0
+    dropless = ModelConfig(**fields, moe_capacity_factor=0.0)
+    np.testing.assert_array_equal(eval_logits, forward(dropless, deterministic=True)[0])
+    assert not np.allclose(eval_logits, train_logits, atol=1e-3)
+
+    same = dataclasses.replace(cfg, moe_eval_capacity_factor=None)
+    assert same.moe_eval_capacity == 0.5
+    same_logits, same_dropped = forward(same, deterministic=True)
+    np.testing.assert_array_equal(same_logits, train_logits)
+    assert same_dropped == train_dropped

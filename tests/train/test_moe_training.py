@@ -52,3 +52,50 @@ def test_moe_preset_trains_from_train_py(preset, tmp_path, capsys):
         if preset == "tiny-mixtral":
             assert record["moe_dropped_fraction"] == 0.0
     assert any(r["split"] == "eval" for r in records)
+
+
+def test_a_checkpoint_saved_before_the_evaluation_capacity_keeps_its_capacity(
+    tmp_path, capsys, script_main
+):
+    """A MoE checkpoint whose config predates ``model.moe_eval_capacity_factor`` (and
+    ``model.nystrom_conv``, another model field added since): loading it for evaluation keeps
+    the capacity it was trained and evaluated with (None: the training factor, 1.25), and
+    ``train.py`` resumes it, printing the evaluation capacity's change to the new default
+    (dropless) and seeing no change in the missing field at its default."""
+    from tfmjax.checkpoint import Checkpointer, load_config
+    from tfmjax.config import from_dict, load
+    from tfmjax.train.run import build_run
+    from tfmjax.train.state import create_state
+
+    overrides = [
+        "model.preset=tiny-switch",
+        "model.vocab_size=16",
+        "model.d_model=32",
+        "model.max_len=32",
+        "data.batch_size=8",
+        "data.eval_examples=8",
+        "optim.warmup_steps=1",
+        "optim.schedule_steps=4",
+        "train.log_every=2",
+        "train.eval_every=4",
+        "train.checkpoint_every=2",
+        f"train.workdir={tmp_path}",
+    ]
+    experiment = load(ROOT / "configs/reverse_decoder.toml", [*overrides, "train.steps=2"])
+    run = build_run(experiment)
+    state = create_state(run.model, run.tx, run.batch(0), 0, run.state_shardings)
+    old = experiment.to_dict()
+    del old["model"]["moe_eval_capacity_factor"], old["model"]["nystrom_conv"]
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(2, state, config=old)
+
+    saved = from_dict(load_config(tmp_path))
+    assert saved.model.moe_eval_capacity_factor is None
+    assert saved.model.moe_eval_capacity == saved.model.moe_capacity_factor == 1.25
+
+    argv = [str(ROOT / "configs/reverse_decoder.toml"), "--progress", "lines", *overrides]
+    assert script_main("train")([*argv, "train.steps=4"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr()
+    assert "model.moe_eval_capacity_factor None -> 0.0" in out.out + out.err
+    assert "nystrom_conv" not in out.out + out.err
+    assert from_dict(load_config(tmp_path)).model.moe_eval_capacity == 0.0

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from tfmjax.checkpoint.errors import CheckpointError, CorruptStep, short_error
 from tfmjax.checkpoint.hashing import json_hash
 from tfmjax.checkpoint.signals import quiet_absl
+from tfmjax.config.saved import upgrade_saved
 from tfmjax.parallel.processes import barrier, is_main
 
 log = logging.getLogger("tfmjax.checkpoint")
@@ -151,7 +152,7 @@ class Store:
             raise CorruptStep("config missing")
         if metadata.get("config_hash") not in (None, json_hash(config)):
             raise CorruptStep("config hash mismatch")
-        return metadata, config
+        return metadata, upgrade_saved(config)
 
     def quarantine(self, step: int) -> str:
         """Move a corrupt step aside (``<step>.corrupt``) so later saves are not blocked by it."""

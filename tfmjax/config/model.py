@@ -189,6 +189,12 @@ class ModelConfig:
         help="MoE: slots per expert = ceil(factor * n * top_k / E) in a sequence of n tokens "
         "(padding aside); tokens over it skip the feed-forward (residual only); 0 = dropless",
     )
+    moe_eval_capacity_factor: float | None = option(
+        0.0,
+        help="MoE: the capacity factor of every forward without dropout (evaluation, "
+        "decoding's prefill, interp); 0 = dropless, so a teacher-forced evaluation sees what "
+        "KV-cached decoding sees; none = moe_capacity_factor",
+    )
     moe_renormalize: bool | None = option(
         None,
         help="MoE: gates renormalised over the chosen experts; none = for top_k > 1 "
@@ -467,6 +473,14 @@ class ModelConfig:
         """Whether MoE gates are renormalised over the chosen experts (``moe_renormalize``
         resolved: by default for ``moe_top_k > 1``)."""
         return self.moe_top_k > 1 if self.moe_renormalize is None else self.moe_renormalize
+
+    @property
+    def moe_eval_capacity(self) -> float:
+        """The MoE capacity factor of a forward without dropout (``moe_eval_capacity_factor``
+        resolved: None is the training factor)."""
+        if self.moe_eval_capacity_factor is None:
+            return self.moe_capacity_factor
+        return self.moe_eval_capacity_factor
 
     @property
     def decoder_layers(self) -> int:

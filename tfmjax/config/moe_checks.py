@@ -16,6 +16,13 @@ def check_moe(cfg: Any) -> None:
     for name in ("moe_capacity_factor", "moe_aux_loss_weight", "moe_z_loss_weight"):
         value = getattr(cfg, name)
         require(value >= 0.0, f"model.{name}", value, "must be >= 0")
+    evaluation = cfg.moe_eval_capacity_factor
+    require(
+        evaluation is None or evaluation >= 0.0,
+        "model.moe_eval_capacity_factor",
+        evaluation,
+        "must be >= 0 (0 = dropless) or none (the training factor)",
+    )
     if cfg.moe_experts == 0:
         return
     require(

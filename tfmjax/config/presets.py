@@ -58,6 +58,7 @@ _SWITCH = dict(
     moe_top_k=1,
     moe_every=2,
     moe_capacity_factor=1.25,
+    moe_eval_capacity_factor=0.0,  # evaluate and decode dropless (docs/moe.md)
     moe_aux_loss_weight=0.01,
     moe_z_loss_weight=0.0,
 )
@@ -140,7 +141,7 @@ PRESETS: dict[str, dict] = {
         **_MIXTRAL,
     ),
     # A small Switch-style decoder (Fedus et al. 2021): every other feed-forward is 4 experts,
-    # one per token, capacity factor 1.25, load-balancing loss 0.01.
+    # one per token, capacity factor 1.25 (dropless evaluation), load-balancing loss 0.01.
     "tiny-switch": dict(_GPT2, **_TINY, **_SWITCH),
     # A small Mixtral-style decoder: RoPE, RMSNorm, GQA, 4 SwiGLU experts, top-2, dropless.
     "tiny-mixtral": dict(

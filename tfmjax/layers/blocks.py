@@ -100,6 +100,7 @@ class _Block(nn.Module):
                 c.d_ff,
                 c.activation,
                 capacity_factor=c.moe_capacity_factor,
+                eval_capacity_factor=c.moe_eval_capacity_factor,
                 renormalize=c.moe_renormalize,
                 **common,
             )

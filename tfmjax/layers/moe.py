@@ -5,15 +5,18 @@ al. 2021; Mixtral, Jiang et al. 2024).
 Each sequence is a group (GShard's groups): expert ``e`` has ``ceil(capacity_factor * n *
 top_k / E)`` slots in a sequence of ``n`` tokens (padding not counted, so padding changes
 nothing), or ``n`` when ``capacity_factor = 0`` (dropless: a token never chooses one expert
-twice); ``C``, the slots held in the tensors, is that of ``T``. Slots are taken in token order
-(a token's first choice, then its second, then the next token's), so in a causal decoder
-whether a token is dropped depends on the tokens before it only (GShard's priority, all first
-choices before any second choice, would let a later token push out an earlier one's second
-choice). A choice past its expert's last slot is dropped: the token gets nothing from that
-expert, and a token dropped by all of its choices passes through the residual alone. Padding
-tokens (``token_mask`` 0) take no slot and count in no loss. Dispatch and combine are one-hot
-tensors ``[B,T,E,C]`` (``E`` experts, ``C`` slots); the experts' weights are stacked ``[E,
-...]`` and split over the mesh axis ``expert``.
+twice); ``C``, the slots held in the tensors, is that of ``T``. A forward without dropout
+(``deterministic``: evaluation, decoding, interp) takes ``eval_capacity_factor`` instead when
+it is set (t5x's evaluation capacity factor; the model's default is dropless there, so that a
+teacher-forced evaluation sees what one-token-at-a-time decoding sees). Slots are taken in
+token order (a token's first choice, then its second, then the next token's), so in a causal
+decoder whether a token is dropped depends on the tokens before it only (GShard's priority,
+all first choices before any second choice, would let a later token push out an earlier
+one's second choice). A choice past its expert's last slot is dropped: the token gets
+nothing from that expert, and a token dropped by all of its choices passes through the
+residual alone. Padding tokens (``token_mask`` 0) take no slot and count in no loss.
+Dispatch and combine are one-hot tensors ``[B,T,E,C]`` (``E`` experts, ``C`` slots); the
+experts' weights are stacked ``[E, ...]`` and split over the mesh axis ``expert``.
 
 Gates: the router's softmax probability of each chosen expert (Switch), or, when
 ``renormalize``, those probabilities divided by their sum over the chosen experts
@@ -121,6 +124,7 @@ class MoEFeedForward(nn.Module):
     d_ff: int
     activation: str = "relu"
     capacity_factor: float = 1.25
+    eval_capacity_factor: float | None = None  # when deterministic; None: capacity_factor
     renormalize: bool = False
     mlp_bias: bool = True
     dropout_rate: float = 0.0
@@ -145,7 +149,10 @@ class MoEFeedForward(nn.Module):
         if self.renormalize:
             gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
         gates = hook(self, "hook_expert_weights", gates)
-        dispatch, combine, chosen, kept = route(choices, gates, mask, E, self.capacity_factor)
+        factor = self.capacity_factor
+        if deterministic and self.eval_capacity_factor is not None:
+            factor = self.eval_capacity_factor
+        dispatch, combine, chosen, kept = route(choices, gates, mask, E, factor)
         for name, value in router_losses(logits, probs, chosen, kept, mask).items():
             self.sow(COLLECTION, name, value)
         xe = jnp.einsum("BTEC,BTD->EBCD", dispatch.astype(self.dtype), x.astype(self.dtype))

@@ -85,6 +85,7 @@ def block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
         moe_experts=cfg.moe_experts,
         moe_top_k=cfg.moe_top_k,
         moe_capacity_factor=cfg.moe_capacity_factor,
+        moe_eval_capacity_factor=cfg.moe_eval_capacity,
         moe_renormalize=cfg.moe_renormalizes,
         dtype=DTYPES[cfg.dtype],
     )

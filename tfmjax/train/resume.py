@@ -49,6 +49,7 @@ RESUMABLE = (
     "train.steps_per_call",  # the same steps, run K to a call: the same bits
     "train.prefetch",  # when batches are built, not what they hold
     "data.eval_examples",
+    "model.moe_eval_capacity_factor",  # evaluation and decoding only: no trained value moves
 )
 # What a decaying learning-rate schedule spans: a change moves the rate of a resumed step
 SPAN = ("train.steps", "optim.schedule_steps")
@@ -174,8 +175,24 @@ def restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
     except CorruptStep:  # the restore below falls back to an older step, and says so
         fits = True
     applied = check_resume(saved, exp, latest, override=override, fits=fits)
-    state, step = ckpt.restore(target, config=None if override else exp.to_dict())
+    state, step = ckpt.restore(target, config=None if override else _as_checked(saved, exp))
     return state, step, applied
+
+
+def _as_checked(saved: dict, now: Experiment) -> dict:
+    """``now`` as a dict whose model section :meth:`Checkpointer.restore` may compare with the
+    checkpoint's: what :func:`check_resume` let through is made as saved (a model field the
+    saved config lacks, at its default now; a resumable model field such as the evaluation
+    capacity), so that the restore refuses only what that check did not see (another step's
+    config)."""
+    out = now.to_dict()
+    model = {}
+    for name, value in out["model"].items():
+        key = f"model.{name}"
+        if _is_new_default(key, saved, value):
+            continue
+        model[name] = saved["model"].get(name, value) if key in RESUMABLE else value
+    return {**out, "model": model}
 
 
 def longer_hint(experiment: Experiment, step: int) -> str:
