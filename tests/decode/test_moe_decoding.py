@@ -17,6 +17,7 @@ from tfmjax.models import build
 PROMPTS = 48
 
 
+@pytest.mark.slow  # trains two models for 300 steps
 @pytest.mark.parametrize("config", ["configs/copy_decoder.toml", "configs/copy.toml"])
 def test_a_trained_moe_model_decodes_what_its_forward_predicts(
     config, tmp_path, capsys, script_main

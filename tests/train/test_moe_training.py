@@ -54,6 +54,7 @@ def test_moe_preset_trains_from_train_py(preset, tmp_path, capsys):
     assert any(r["split"] == "eval" for r in records)
 
 
+@pytest.mark.slow  # compiles a train step twice
 def test_a_checkpoint_saved_before_the_evaluation_capacity_keeps_its_capacity(
     tmp_path, capsys, script_main
 ):
