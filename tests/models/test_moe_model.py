@@ -235,6 +235,7 @@ def test_training_and_evaluation_forwards_take_their_own_capacity(random_params)
     logits of a model trained dropless with the same params (bit for bit: the same
     program); with None, the training factor's drops and logits."""
     fields = dict(SMALL, num_layers=2, moe_experts=4, moe_top_k=2)
+    assert ModelConfig(**fields).moe_capacity_factor == 0.0  # dropless by default
     cfg = ModelConfig(**fields, moe_capacity_factor=0.5)
     assert cfg.moe_eval_capacity_factor == 0.0 and cfg.moe_eval_capacity == 0.0
     data = {"tokens": jnp.asarray(tokens())}

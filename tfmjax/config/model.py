@@ -185,9 +185,10 @@ class ModelConfig:
         1, help="MoE: every n-th block's feed-forward is a mixture (blocks n-1, 2n-1, ...)"
     )
     moe_capacity_factor: float = option(
-        1.25,
-        help="MoE: slots per expert = ceil(factor * n * top_k / E) in a sequence of n tokens "
-        "(padding aside); tokens over it skip the feed-forward (residual only); 0 = dropless",
+        0.0,
+        help="MoE, training: slots per expert = ceil(factor * n * top_k / E) in a sequence of "
+        "n tokens (padding aside); tokens over it skip the feed-forward (residual only); "
+        "0 = dropless (Mixtral; Switch: 1.25)",
     )
     moe_eval_capacity_factor: float | None = option(
         0.0,

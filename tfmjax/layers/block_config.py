@@ -50,8 +50,8 @@ class BlockConfig(NamedTuple):
     attention_impl: str = "auto"
     moe_experts: int = 0  # experts of the blocks whose feed-forward is a mixture
     moe_top_k: int = 1
-    moe_capacity_factor: float = 1.25  # with dropout (training)
-    moe_eval_capacity_factor: float = 1.25  # without (evaluation, decoding, interp)
+    moe_capacity_factor: float = 0.0  # with dropout (training); 0: dropless
+    moe_eval_capacity_factor: float = 0.0  # without (evaluation, decoding, interp)
     moe_renormalize: bool = False  # resolved from the config's None
     dtype: Any = jnp.float32
 
