@@ -1,13 +1,13 @@
 # Two commands: `make train` and `make test`. Both create .venv on first use.
 #
 # Two stacks are tested. The newest that tfmjax supports, Python 3.12 with jax 0.11 (what GPU
-# images run), is .venv: `make train`, and the fast tests of `make test`. The oldest, Python
-# 3.11 with jax 0.10 and flax 0.12.8 (the bottom of pyproject.toml's ranges), is
-# .venv-oldest: the whole suite, slow tests included (`make test-oldest`, which `make test`
-# runs after the newest stack's fast tests). The whole suite on the newest stack is
-# `make test-newest` (not in CI: it did not finish in CI's 90 minutes, README "Tests").
-# tools/find_python.sh finds each interpreter (pyenv's versions, then PATH); without Python
-# 3.12 .venv uses python3, and without a second version the whole suite runs in .venv.
+# images run), is .venv: `make train`, and the fast tests. The oldest, Python 3.11 with jax
+# 0.10 and flax 0.12.8 (the bottom of pyproject.toml's ranges), is .venv-oldest: the tests
+# marked slow. `make test` (CI) runs both halves, so every test runs once, on one stack:
+# the whole suite twice did not fit CI's 90 minutes (README "Tests"). `make test-newest` and
+# `make test-oldest` run the whole suite on one stack. tools/find_python.sh finds each
+# interpreter (pyenv's versions, then PATH); without Python 3.12 .venv uses python3, and
+# without a second version the slow tests run in .venv too.
 # `make test PYTHON=/path/to/python` picks another newest interpreter.
 NEWEST := 3.12
 OLDEST := 3.11
@@ -27,7 +27,7 @@ OLDEST_PINS := 'jax>=0.10,<0.11' 'flax==0.12.8'
 # hangs is stopped by pytest-timeout (pyproject.toml), which ends its worker the same way.
 XDIST := -n 2 --dist loadgroup --max-worker-restart=0
 
-.PHONY: install lint format train test test-fast test-oldest test-newest mutate bench clean
+.PHONY: install lint format train test test-fast test-slow test-oldest test-newest oldest-pytest mutate bench clean
 
 $(STAMP): pyproject.toml
 	tools/make_venv.sh $(PYTHON) $(VENV) $(STAMP)
@@ -50,29 +50,37 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The lint, the fast tests on the newest stack, then the whole suite on the oldest (CI).
-test: test-fast test-oldest
+# The lint, the fast tests on the newest stack, then the slow tests on the oldest (CI).
+test: test-fast test-slow
 
 # Everything but the tests marked slow, after the lint.
 test-fast: lint
 	$(PY) -m pytest $(XDIST) -q -m "not slow"
 
-# The whole suite, `slow` tests included, on the oldest stack (in .venv when there is none).
-test-oldest:
-ifeq ($(OLDEST_PYTHON),)
-	@echo "no Python $(OLDEST) found (pyenv's versions or PATH): the whole suite runs in $(VENV)"
-	$(MAKE) --no-print-directory test-newest
-else ifeq ($(PY_VERSION),$(OLDEST))
-	@echo "$(VENV) is Python $(OLDEST) already (no Python $(NEWEST) found): the whole suite runs there"
-	$(MAKE) --no-print-directory test-newest
-else
-	$(MAKE) --no-print-directory $(OLDEST_STAMP)
-	$(OLDEST_VENV)/bin/python -m pytest $(XDIST) -q --durations=25
-endif
+# The tests marked slow, on the oldest stack (in .venv when there is none).
+test-slow:
+	$(MAKE) --no-print-directory oldest-pytest PYTEST_ARGS='-m slow --durations=25'
 
-# The whole suite, `slow` tests included, on the newest stack, after the lint.
+# The whole suite on the oldest stack, and on the newest (neither is in CI).
+test-oldest:
+	$(MAKE) --no-print-directory oldest-pytest PYTEST_ARGS='--durations=25'
+
 test-newest: lint
 	$(PY) -m pytest $(XDIST) -q --durations=25
+
+oldest-pytest:
+ifeq ($(OLDEST_PYTHON),)
+	@echo "no Python $(OLDEST) found (pyenv's versions or PATH): these tests run in $(VENV)"
+	$(MAKE) --no-print-directory $(STAMP)
+	$(PY) -m pytest $(XDIST) -q $(PYTEST_ARGS)
+else ifeq ($(PY_VERSION),$(OLDEST))
+	@echo "$(VENV) is Python $(OLDEST) already (no Python $(NEWEST) found): these tests run there"
+	$(MAKE) --no-print-directory $(STAMP)
+	$(PY) -m pytest $(XDIST) -q $(PYTEST_ARGS)
+else
+	$(MAKE) --no-print-directory $(OLDEST_STAMP)
+	$(OLDEST_VENV)/bin/python -m pytest $(XDIST) -q $(PYTEST_ARGS)
+endif
 
 # Mutation testing of the math modules (about 45 minutes on 2 cores; not in CI).
 # Sessions are kept in .mutation/, so a second run only does what is missing.
