@@ -8,6 +8,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# A small model on the reverse task (a preset's own sizes shrunk), its short run's logging
+SMALL = [
+    "model.vocab_size=16",
+    "model.d_model=32",
+    "model.max_len=32",
+    "data.batch_size=8",
+    "data.eval_examples=8",
+    "optim.warmup_steps=1",
+    "train.log_every=2",
+    "train.eval_every=4",
+]
 
 
 def _train_main():
@@ -27,15 +38,8 @@ def test_moe_preset_trains_from_train_py(preset, tmp_path, capsys):
         "--progress",
         "lines",
         f"model.preset={preset}",
-        "model.vocab_size=16",
-        "model.d_model=32",
-        "model.max_len=32",
-        "data.batch_size=8",
-        "data.eval_examples=8",
-        "optim.warmup_steps=1",
+        *SMALL,
         "train.steps=4",
-        "train.log_every=2",
-        "train.eval_every=4",
         "train.checkpoint_every=4",
         f"train.workdir={tmp_path}",
     ]
@@ -70,15 +74,8 @@ def test_a_checkpoint_saved_before_the_evaluation_capacity_keeps_its_capacity(
 
     overrides = [
         "model.preset=tiny-switch",
-        "model.vocab_size=16",
-        "model.d_model=32",
-        "model.max_len=32",
-        "data.batch_size=8",
-        "data.eval_examples=8",
-        "optim.warmup_steps=1",
+        *SMALL,
         "optim.schedule_steps=4",
-        "train.log_every=2",
-        "train.eval_every=4",
         "train.checkpoint_every=2",
         f"train.workdir={tmp_path}",
     ]
