@@ -36,6 +36,7 @@ from sweep import (  # noqa: E402
     is_current,
     runs_dir,
     save,
+    spread,
     train_missing,
     train_options,
     write_table,
@@ -193,13 +194,6 @@ def score(task: str, record: dict) -> float | None:
     return record["loss"] if task == "shakespeare_char" else record["exact_match"]
 
 
-def _spread(values: list[float]) -> str:
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:.3f}"
-    return f"{mean:.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 def table(tasks, variants, seeds, extra=()) -> str:
     """The markdown table of the stored results: the mean over seeds, their range in
     brackets; a seed that diverged is counted apart (missing ones shown as such)."""
@@ -219,7 +213,7 @@ def table(tasks, variants, seeds, extra=()) -> str:
             if scores:
                 metric = "val loss" if task == "shakespeare_char" else "exact-match"
                 at = "/".join(str(s) for s in sorted({r["step"] for r in finished}))
-                parts.append(f"{metric} {_spread(scores)} at step {at}")
+                parts.append(f"{metric} {spread(scores)} at step {at}")
             diverged = [r["diverged_at"] for r in records if r not in finished]
             if diverged:
                 steps_at = ", ".join(str(s) for s in diverged)

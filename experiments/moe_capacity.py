@@ -29,7 +29,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import ROOT, Run, is_current, runs_dir, save, train_missing, write_table  # noqa: E402
+from sweep import (  # noqa: E402
+    ROOT,
+    Run,
+    is_current,
+    runs_dir,
+    save,
+    spread,
+    train_missing,
+    write_table,
+)
 from sweep import parser as sweep_parser  # noqa: E402
 
 from tfmjax.reporting.metrics_log import METRICS_FILE, read_records  # noqa: E402
@@ -120,15 +129,6 @@ def stored(task: str, training: str, seeds, extra=()) -> list[dict]:
     ]
 
 
-def _spread(values: list[float]) -> str:
-    if not values:
-        return ""
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:.3f}"
-    return f"{mean:.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 def table(tasks, seeds, extra=()) -> str:
     """Mean (range) over the stored seeds of each task and row."""
     lines = [
@@ -139,7 +139,7 @@ def table(tasks, seeds, extra=()) -> str:
         for training, factor, name in ROWS:
             records = [r for r in stored(task, training, seeds, extra) if factor in r["evals"]]
             evals = [r["evals"][factor] for r in records]
-            cells = [_spread([e[k] for e in evals if k in e]) for k in METRICS]
+            cells = [spread([e[k] for e in evals if k in e]) for k in METRICS]
             speeds = [r["steps_per_sec"] for r in records if r.get("steps_per_sec")]
             speed = f"{sum(speeds) / len(speeds):.1f}" if speeds else ""
             lines.append(f"| `{task}` | {name} | {len(records)} | {' | '.join(cells)} | {speed} |")

@@ -250,6 +250,16 @@ def train_missing(
     return 0
 
 
+def spread(values, fmt: str = "{:.3f}") -> str:
+    """``mean (min-max)`` of ``values`` for a study's table, or the one value ("" for none)."""
+    if not values:
+        return ""
+    mean = fmt.format(sum(values) / len(values))
+    if len(values) == 1:
+        return mean
+    return f"{mean} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
 def save(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")

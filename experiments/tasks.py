@@ -22,8 +22,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sweep import (  # noqa: E402
@@ -32,6 +30,7 @@ from sweep import (  # noqa: E402
     is_current,
     runs_dir,
     save,
+    spread,
     train_missing,
     train_options,
     write_table,
@@ -75,13 +74,6 @@ def pending(configs, seeds, extra: list[str]) -> list[tuple[str, int]]:
     ]
 
 
-def _spread(values, fmt: str) -> str:
-    """``mean (min-max)`` of ``values``, or the one value."""
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(np.mean(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
-
-
 def table(configs, seeds) -> str:
     """Markdown: one row per config over the seeds stored."""
     lines = [
@@ -102,8 +94,8 @@ def table(configs, seeds) -> str:
         wall = [r["wall_sec"] for r in runs]
         solved = "yes" if min(exact) >= 0.99 else "no"
         lines.append(
-            f"| `{config}` | {len(runs)} | {runs[0]['step']} | {_spread(exact, '{:.3f}')} "
-            f"| {_spread(wall, '{:.0f}')} s | {solved} |"
+            f"| `{config}` | {len(runs)} | {runs[0]['step']} | {spread(exact)} "
+            f"| {spread(wall, '{:.0f}')} s | {solved} |"
         )
     return "\n".join(lines)
 
