@@ -163,8 +163,10 @@ def main(argv=None) -> int:
         path = result_path(task, training, seed)
         if not is_current(path, TASKS[task], list(run.overrides)):
             todo[run] = (task, training, seed)
-        elif set(EVALUATIONS[training]) - set(json.loads(path.read_text())["evals"]):
-            complete(path, run, training, json.loads(path.read_text()))
+            continue
+        record = json.loads(path.read_text())
+        if set(EVALUATIONS[training]) - set(record["evals"]):
+            complete(path, run, training, record)
 
     def store(run: Run, record: dict) -> None:
         task, training, seed = todo[run]
