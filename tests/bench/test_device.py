@@ -1,4 +1,5 @@
-"""``python bench/device.py --quick`` runs on the CPU (CI) and writes its JSON: every section
+"""``python bench/device.py --quick`` runs on the CPU (CI; one attention shape, 16 training
+steps, one repeat: the plumbing, not the figures) and writes its JSON: every section
 present, every cell that this platform can run measured (no error), the Pallas block sweep
 naming a best block size, the training loop measured with each steps_per_call and prefetch
 setting. No figure is asserted: speed is measured in bench/, never in a test."""
@@ -15,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quick_device_bench_measures_every_cell(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "device.py"), "--quick", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "bench" / "device.py"), "--quick", "--out", str(tmp_path)]
+        + ["--lengths", "128", "--train-steps", "16", "--repeats", "1"],  # one shape, one window
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ from tfmjax.models import build
 PROMPTS = 48
 
 
-@pytest.mark.slow  # trains two models for 300 steps
+@pytest.mark.slow  # trains two models for 150 steps
 @pytest.mark.parametrize("config", ["configs/copy_decoder.toml", "configs/copy.toml"])
 def test_a_trained_moe_model_decodes_what_its_forward_predicts(
     config, tmp_path, capsys, script_main
@@ -33,9 +33,9 @@ def test_a_trained_moe_model_decodes_what_its_forward_predicts(
         "model.d_ff=64",
         "data.batch_size=32",
         "data.eval_examples=32",
-        "train.steps=300",
-        "train.eval_every=300",
-        "train.checkpoint_every=300",
+        "train.steps=150",
+        "train.eval_every=150",
+        "train.checkpoint_every=150",
         f"train.workdir={tmp_path}",
     ]
     assert script_main("train")(argv) == 0, capsys.readouterr().err

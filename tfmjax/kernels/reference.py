@@ -7,6 +7,7 @@ Rows with nothing to attend to return zeros. Everything is computed in float32.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from tfmjax.kernels.masks import alibi_bias, dense_mask
@@ -90,7 +91,10 @@ def probabilities(
         q_offset=q_offset,
     )
     scores = jnp.where(mask, scores, -jnp.inf)
-    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    # The shift cancels in the softmax, so no gradient flows through it (as in jax.nn.softmax):
+    # max's own gradient splits among the entries equal to the max, and when XLA computes the
+    # scores twice (unoptimized builds do) with a rounding apart, it found none and gave inf.
+    row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # empty rows: avoid inf - inf
     weights = jnp.exp(scores - row_max)
     denom = jnp.sum(weights, axis=-1, keepdims=True)
