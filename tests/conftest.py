@@ -6,8 +6,8 @@ xdist workers and the train.py/eval.py subprocesses the tests start, empty at th
 each run, removed at its end): many tests build the same small model and jit the same step
 anew, and XLA's compile dominates their time. A cache hit loads the same executable, so
 values are unchanged; tests that count compilations count traces, which still happen.
-XLA compiles them with most optimizations off (below), which costs the small programs less
-time than it saves."""
+(``make test`` runs the slow tests with ``JAX_DISABLE_MOST_OPTIMIZATIONS=1``: see the
+Makefile; every other run compiles what users compile.)"""
 
 import gc
 import importlib.util
@@ -26,11 +26,6 @@ _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(JIT_CACHE_ROOT, _RUN))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# XLA's CPU backend compiles without LLVM's expensive passes (jax's own switch): the tests'
-# small programs compile faster than they then run slower, and the suite takes ~25-35% less
-# time (tests/train/test_step.py 100 s -> 66 s). `JAX_DISABLE_MOST_OPTIMIZATIONS=0 make test`
-# tests the programs users compile.
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 import numpy as np  # noqa: E402
