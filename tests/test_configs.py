@@ -63,7 +63,7 @@ def test_config_loads_builds_and_traces_a_step(path):
 
 
 def _one_per_program(paths):
-    """The first config of each distinct shrunk step program (13 of the 22): configs of
+    """The first config of each distinct shrunk step program: configs of
     built-in tasks that differ only in the task, the vocabulary size and the optimizer's
     numbers compile the same layers, optimizer and loss (every config's own step is traced
     by the test above); text and a task file's own task each keep theirs."""

@@ -78,7 +78,11 @@ MOMENTS = [
 TWICE = Moment("2x Ctrl-C in compile", after=0.2, line=HEADER, compile_cache=False, twice=True)
 # SIGTERM takes SIGINT's handler: its chain sends it at one moment of each kind (before the
 # first step, while compiling, mid-run, at a save, while restoring), not at every one
-SIGTERM_MOMENTS = [MOMENTS[i] for i in (1, 2, 5, 7, 8)]
+SIGTERM_MOMENTS = [
+    m
+    for m in MOMENTS
+    if m.name.startswith(("start+1.5s", "header+1s", "first log", "eval line", "start+3s"))
+]
 
 
 @dataclass
