@@ -15,8 +15,9 @@ import pytest
 from tfmjax.checkpoint import Checkpointer
 from tfmjax.config import ConfigError, load
 from tfmjax.parallel import Placement, make_mesh
+from tfmjax.train.resume import restore
 from tfmjax.train.run import build_run
-from tfmjax.train.state import abstract_state, create_state
+from tfmjax.train.state import create_state, saved_optimizer, to_saved
 
 CONFIGS = {
     "decoder_only": "configs/reverse_decoder.toml",
@@ -156,7 +157,9 @@ def test_mesh_training_equals_one_device(family, mesh):
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_checkpoint_moves_between_meshes(tmp_path, family):
     """Save on (8,1,1); restore on (2,2,2) and on one device: the same params, and training
-    continues with the one-device losses."""
+    continues with the one-device losses. Then back: the one-device run (its optimizer
+    moments in flat buffers, tfmjax.train.fused_adamw) saves, and (2,2,2) restores the same
+    params and moments."""
     run, state = fresh(family, (8, 1, 1))
     state, _ = train_steps(run, state, 0, 2)
     config = run.experiment.to_dict()
@@ -169,9 +172,8 @@ def test_checkpoint_moves_between_meshes(tmp_path, family):
     _, ref_losses = train_steps(ref_run, ref, 0, 4)
     for mesh in [(2, 2, 2), (1, 1, 1)]:
         other, _ = fresh(family, mesh)
-        target = abstract_state(other.model, other.tx, other.batch(0), 0, other.state_shardings)
         with Checkpointer(tmp_path / "ckpt") as ckpt:
-            restored, step = ckpt.restore(target)
+            restored, step, _ = restore(other, ckpt, other.batch(0), override=True)
         assert step == 2
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), saved)
         assert all(
@@ -180,8 +182,22 @@ def test_checkpoint_moves_between_meshes(tmp_path, family):
                 jax.tree.leaves(restored), jax.tree.leaves(other.state_shardings), strict=True
             )
         )
+        as_saved = jax.device_get(to_saved(restored, other.tx))  # before training donates it
         _, losses = train_steps(other, restored, 2, 4)
         np.testing.assert_allclose(losses, ref_losses[2:], rtol=1e-5)
+    assert saved_optimizer(other.tx) is not other.tx  # one device: the fused optimizer
+    with Checkpointer(tmp_path / "back") as ckpt:
+        ckpt.save(2, as_saved, config=other.experiment.to_dict())
+        ckpt.wait()
+    mesh_run, _ = fresh(family, (2, 2, 2))
+    with Checkpointer(tmp_path / "back") as ckpt:
+        back, _, _ = restore(mesh_run, ckpt, mesh_run.batch(0), override=True)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(back.params), saved)
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        jax.device_get(back.opt_state),
+        as_saved.opt_state,
+    )
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))

@@ -64,7 +64,7 @@ from tfmjax.reporting.metrics_log import MetricsLog, NullLog
 from tfmjax.train.prefetch import Prefetcher
 from tfmjax.train.resume import longer_hint, restore
 from tfmjax.train.run import Run, build_run
-from tfmjax.train.state import count_params, reset_window
+from tfmjax.train.state import count_params, reset_window, to_saved
 from tfmjax.train.step import window_means
 from tfmjax.train.stopping import Interrupted, StopAgreement, StopSignals
 from tfmjax.train.tidy import Created
@@ -182,7 +182,7 @@ class _Loop:
         begin = time.perf_counter()
         self.ckpt.save(
             step,
-            state,
+            to_saved(state, self.run.tx),
             config=self.run.experiment.to_dict(),
             metrics=metrics,
             assets=self.assets,

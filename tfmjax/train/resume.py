@@ -35,7 +35,14 @@ from tfmjax.checkpoint.errors import CorruptStep
 from tfmjax.config import SECTIONS, Experiment, changes, from_dict
 from tfmjax.parallel.processes import to_host
 from tfmjax.train.run import Run, make_run_schedule, schedule_span
-from tfmjax.train.state import abstract_state, create_state, with_params_from
+from tfmjax.train.state import (
+    abstract_state,
+    create_state,
+    from_saved,
+    saved_optimizer,
+    state_shardings,
+    with_params_from,
+)
 
 # Fields a resume may change: they decide how long the run goes and what it writes, not what
 # a training step computes (train.steps also stretches a decaying learning-rate schedule).
@@ -160,7 +167,9 @@ def restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
     """``(state, step, changes)``: the newest good checkpoint (or a fresh state, step 0) and
     the config changes this resume applies (see :func:`check_resume`)."""
     exp = run.experiment
-    target = abstract_state(run.model, run.tx, sample, exp.train.seed, run.state_shardings)
+    saved_tx = saved_optimizer(run.tx)  # checkpoints hold its layout
+    shardings = state_shardings(run.model, saved_tx, sample, exp.train.seed, run.placement)
+    target = abstract_state(run.model, saved_tx, sample, exp.train.seed, shardings)
     latest = ckpt.latest_step()
     if latest is None:
         state = create_state(run.model, run.tx, sample, exp.train.seed, run.state_shardings)
@@ -176,6 +185,8 @@ def restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
         fits = True
     applied = check_resume(saved, exp, latest, override=override, fits=fits)
     state, step = ckpt.restore(target, config=None if override else _as_checked(saved, exp))
+    if saved_tx is not run.tx:
+        state = jax.device_put(from_saved(state, run.tx), run.state_shardings)
     return state, step, applied
 
 

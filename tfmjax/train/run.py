@@ -22,6 +22,7 @@ from tfmjax.evaluation.text_evaluator import make_evaluator
 from tfmjax.models import FAMILIES, build
 from tfmjax.models.checks import InputError
 from tfmjax.parallel import Placement
+from tfmjax.train.fused_adamw import FusedAdamW
 from tfmjax.train.optimizer import make_optimizer
 from tfmjax.train.schedules import make_schedule
 from tfmjax.train.state import state_shardings
@@ -217,6 +218,15 @@ def make_run_schedule(experiment: Experiment, hyper: dict | None = None):
         ) from None
 
 
+def one_device(experiment: Experiment) -> bool:
+    """Whether the run's mesh is one device (every ``[mesh]`` axis 1, the default): then the
+    optimizer keeps its moments in flat buffers (:class:`FusedAdamW`, fewer kernels to
+    compile), which a mesh would have to shard as a whole; on a mesh every moment is sharded
+    like its parameter (Optax's AdamW). Checkpoints hold Optax's layout either way."""
+    mesh = experiment.mesh
+    return (mesh.data, mesh.fsdp, mesh.tensor, mesh.expert) == (1, 1, 1, 1)
+
+
 def make_training(experiment: Experiment, hyper: dict | None = None) -> tuple:
     """``(schedule, tx, step)``: the schedule, the optimizer and the pure train step.
 
@@ -227,7 +237,8 @@ def make_training(experiment: Experiment, hyper: dict | None = None) -> tuple:
     m, o = experiment.model, experiment.optim
     h = {**hyperparameters(experiment), **(hyper or {})}
     schedule = make_run_schedule(experiment, h)
-    tx = make_optimizer(
+    optimizer = FusedAdamW if one_device(experiment) else make_optimizer
+    tx = optimizer(
         schedule=schedule,
         weight_decay=h["optim.weight_decay"],
         b1=o.b1,

@@ -116,6 +116,26 @@ def reset_window(state: TrainState, shardings=None) -> TrainState:
     return state.replace(window=window)
 
 
+def saved_optimizer(tx) -> optax.GradientTransformation:
+    """The optimizer whose state layout checkpoints hold: ``tx`` itself, or the Optax twin of
+    a :class:`tfmjax.train.fused_adamw.FusedAdamW`."""
+    return getattr(tx, "saved", tx)
+
+
+def to_saved(state: TrainState, tx) -> TrainState:
+    """``state`` with its optimizer state in the layout checkpoints hold (exact)."""
+    if not hasattr(tx, "to_saved"):
+        return state
+    return state.replace(opt_state=tx.to_saved(state.opt_state, state.params))
+
+
+def from_saved(state: TrainState, tx) -> TrainState:
+    """Inverse of :func:`to_saved`: a restored state with ``tx``'s own optimizer layout."""
+    if not hasattr(tx, "from_saved"):
+        return state
+    return state.replace(opt_state=tx.from_saved(state.opt_state, state.params))
+
+
 def count_params(params: Any) -> int:
     """Number of parameters in a pytree."""
     return sum(int(x.size) for x in jax.tree.leaves(params))

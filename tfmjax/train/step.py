@@ -113,7 +113,7 @@ def make_train_step(
         rng = jax.random.fold_in(state.root_key, state.step)
         grad_sum, sums = accumulate(state.params, batch, rng)
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grad_sum)
-        grad_norm = optax.tree.norm(grads)
+        grad_norm = getattr(tx, "global_norm", optax.tree.norm)(grads)  # the clip's own sum
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         ok = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)

@@ -1,0 +1,192 @@
+"""Global-norm clipping and AdamW as a few large operations on flat buffers.
+
+:func:`tfmjax.train.optimizer.make_optimizer` (Optax's ``clip_by_global_norm`` then
+``adamw``) updates every parameter leaf on its own: XLA compiles a handful of small kernels
+per leaf (239 for the 48 leaves of ``configs/reverse.toml``), and compiling them is a large
+part of a small model's compile time. :class:`FusedAdamW` does the same arithmetic on one
+flat buffer per group of leaves (same dtype, same weight-decay choice): the moments are kept
+flat, the gradients are concatenated once, and clipping, both moments, the bias corrections,
+the decay and the learning rate are one elementwise pass per group.
+
+The arithmetic is Optax's, operation for operation. Two things round differently: the
+global norm sums the squares in another order (one reduction over each flat buffer instead
+of one per leaf), and XLA:CPU rounds some elementwise operations (the divisions) differently
+in a loop over a buffer of another length, so an update may differ from Optax's in its last
+few bits (measured: up to 3 ulps, relative 2.3e-7; tests/train/test_fused_adamw.py).
+
+Checkpoints keep Optax's layout (``FusedAdamW.to_saved`` and ``from_saved``
+convert, exactly: the flat moments are the leaves' moments end to end), so a checkpoint
+written by either optimizer resumes with the other; the train loop uses this one on a
+single device, where the flat buffers need no sharding, and Optax's on a mesh, where every
+moment is sharded like its parameter.
+
+Shapes: ``N_g`` is the total size of group ``g``'s leaves; ``mu``, ``nu``: ``[N_g]`` each.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from tfmjax.train.optimizer import make_optimizer, weight_decay_mask
+
+
+class FusedAdamWState(NamedTuple):
+    """``count``: int32 ``[]`` (updates applied); ``mu``, ``nu``: one ``[N_g]`` per group."""
+
+    count: jax.Array
+    mu: tuple
+    nu: tuple
+
+
+class Groups(NamedTuple):
+    """How leaves (in ``jax.tree.leaves`` order) are grouped: ``members[g]`` lists the leaf
+    indices of group ``g`` in order, ``decays[g]`` says whether the group gets weight decay."""
+
+    members: tuple[tuple[int, ...], ...]
+    decays: tuple[bool, ...]
+
+
+def groups_of(params: Any) -> Groups:
+    """Leaves grouped by (dtype, weight decay), groups in order of their first leaf."""
+    leaves = jax.tree.leaves(params)
+    decays = jax.tree.leaves(weight_decay_mask(params))
+    keys: dict[tuple, list[int]] = {}
+    for i, (leaf, decay) in enumerate(zip(leaves, decays, strict=True)):
+        keys.setdefault((jnp.dtype(leaf.dtype).name, bool(decay)), []).append(i)
+    return Groups(tuple(tuple(m) for m in keys.values()), tuple(k[1] for k in keys))
+
+
+def flatten_groups(tree: Any, groups: Groups) -> tuple[jax.Array, ...]:
+    """A tree like the params -> one ``[N_g]`` buffer per group (leaves raveled, end to end)."""
+    leaves = jax.tree.leaves(tree)
+    return tuple(jnp.concatenate([leaves[i].reshape(-1) for i in m]) for m in groups.members)
+
+
+def unflatten_groups(flat: tuple, like: Any, groups: Groups) -> Any:
+    """Inverse of :func:`flatten_groups`: the buffers cut back into a tree shaped ``like``."""
+    leaves, treedef = jax.tree.flatten(like)
+    out: list = [None] * len(leaves)
+    for buffer, members in zip(flat, groups.members, strict=True):
+        offset = 0
+        for i in members:
+            size = leaves[i].size
+            out[i] = buffer[offset : offset + size].reshape(leaves[i].shape)
+            offset += size
+    return jax.tree.unflatten(treedef, out)
+
+
+class FusedAdamW:
+    """Clipping (if ``clip_norm``) then AdamW, as :func:`make_optimizer` with the same
+    arguments (an ``optax.GradientTransformation``: ``init``, ``update``); ``saved`` is that
+    Optax optimizer, whose state layout checkpoints hold."""
+
+    def __init__(
+        self,
+        *,
+        schedule: optax.ScalarOrSchedule,
+        weight_decay: float = 0.0,
+        b1: float = 0.9,
+        b2: float = 0.98,
+        eps: float = 1e-9,
+        clip_norm: float | None = 1.0,
+    ):
+        self.saved = make_optimizer(  # checks every argument, one line each
+            schedule=schedule,
+            weight_decay=weight_decay,
+            b1=b1,
+            b2=b2,
+            eps=eps,
+            clip_norm=clip_norm,
+        )
+        self.schedule, self.weight_decay = schedule, weight_decay
+        self.b1, self.b2, self.eps, self.clip_norm = b1, b2, eps, clip_norm
+        # jitted once per optimizer (slices and concatenations, no arithmetic)
+        self.to_saved = jax.jit(self._to_saved)
+        self.from_saved = jax.jit(self._from_saved)
+
+    def init(self, params: Any) -> FusedAdamWState:
+        zeros = tuple(jnp.zeros_like(g) for g in flatten_groups(params, groups_of(params)))
+        return FusedAdamWState(jnp.zeros([], jnp.int32), zeros, zeros)
+
+    @staticmethod
+    def global_norm(grads: Any) -> jax.Array:
+        """The L2 norm of all of ``grads``, summed group by group as :meth:`update` does (so
+        that XLA computes it once for both)."""
+        flat = flatten_groups(grads, groups_of(grads))
+        return jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in flat))
+
+    def update(self, grads: Any, state: FusedAdamWState, params: Any = None):
+        """``(updates like params, new state)``; Optax's ``clip_by_global_norm`` + ``adamw``
+        arithmetic, one pass per group."""
+        groups = groups_of(params)
+        flat_grads = flatten_groups(grads, groups)
+        if self.clip_norm is not None:
+            norm = self.global_norm(grads)
+            keep = norm < self.clip_norm  # optax: scale only above the threshold
+            flat_grads = tuple(
+                jax.lax.select(keep, g, (g / norm.astype(g.dtype)) * self.clip_norm)
+                for g in flat_grads
+            )
+        count = optax.safe_increment(state.count)
+        lr = self.schedule(state.count) if callable(self.schedule) else self.schedule
+        flat_params = flatten_groups(params, groups)
+        updates, mus, nus = [], [], []
+        for g, mu, nu, p, decays in zip(
+            flat_grads, state.mu, state.nu, flat_params, groups.decays, strict=True
+        ):
+            mu = (1 - self.b1) * g + self.b1 * mu
+            nu = (1 - self.b2) * jnp.square(g) + self.b2 * nu
+            mu_hat = mu / (1 - self.b1**count).astype(mu.dtype)
+            nu_hat = nu / (1 - self.b2**count).astype(nu.dtype)
+            u = mu_hat / (jnp.sqrt(nu_hat) + self.eps)
+            if decays and not _is_zero(self.weight_decay):  # optax skips a constant 0
+                u = u + self.weight_decay * p
+            updates.append(jnp.asarray(-lr, dtype=u.dtype) * u)
+            mus.append(mu)
+            nus.append(nu)
+        new_state = FusedAdamWState(count, tuple(mus), tuple(nus))
+        return unflatten_groups(tuple(updates), params, groups), new_state
+
+    def _to_saved(self, state: FusedAdamWState, params: Any) -> Any:
+        """The same state in the layout of :attr:`saved` (what checkpoints hold)."""
+        groups = groups_of(params)
+        mu = unflatten_groups(state.mu, params, groups)
+        nu = unflatten_groups(state.nu, params, groups)
+
+        def fill(node):
+            if isinstance(node, optax.ScaleByAdamState):
+                return node._replace(count=state.count, mu=mu, nu=nu)
+            if isinstance(node, optax.ScaleByScheduleState):
+                return node._replace(count=state.count)
+            return node
+
+        return _map_states(fill, self.saved.init(params))
+
+    def _from_saved(self, saved: Any, params: Any) -> FusedAdamWState:
+        """Inverse of :meth:`_to_saved`: a state of :attr:`saved`'s layout as this one's."""
+        found = []
+        _map_states(lambda n: found.append(n) or n, saved)
+        (adam,) = [n for n in found if isinstance(n, optax.ScaleByAdamState)]
+        groups = groups_of(params)
+        return FusedAdamWState(
+            adam.count, flatten_groups(adam.mu, groups), flatten_groups(adam.nu, groups)
+        )
+
+
+def _is_zero(value) -> bool:
+    return isinstance(value, (int, float)) and value == 0.0
+
+
+def _map_states(fn, node):
+    """``fn`` applied to every Optax state inside ``node`` (tuples of named-tuple states,
+    nested, e.g. ``MaskedState(inner_state=...)``); Adam's moments are not looked into."""
+    if isinstance(node, optax.ScaleByAdamState):
+        return fn(node)
+    if isinstance(node, tuple):
+        items = [_map_states(fn, n) for n in node]
+        return fn(node._make(items)) if hasattr(node, "_fields") else tuple(items)
+    return node
