@@ -93,8 +93,9 @@ class Loaded:
     model: Any  # the built flax module, dropout off
     params: Any  # model.apply's variables: {"params": ...}
     config: Experiment  # the experiment the checkpoint was trained with
-    tokenizer: Any  # .encode(text) -> ids: a toy task's Vocab, a corpus's tokenizer, or an
-    # imported model's Hugging Face tokenizer (None when it was imported without one)
+    tokenizer: Any  # a tfmjax.data.tokenizers.Tokenizer (encode, decode, bos/eos/pad_id, size):
+    # a toy task's Vocab, a corpus's tokenizer, or an imported model's Hugging Face tokenizer
+    # (None when it was imported without one)
     step: int  # the step actually loaded (an older one when the newest is corrupt)
     path: str  # what was loaded: a workdir, its checkpoints dir or one step dir
     source: Any  # the task or corpus (tfmjax.data.sources), for evaluation; None if imported
@@ -138,27 +139,19 @@ def generate_text(m, text: str | Sequence[str], strategy=None, *, max_new_tokens
     (default ``Greedy()``; a corpus: its task's top-k sampling); ``seed`` for sampling;
     ``m``: :func:`load`'s result or a workdir."""
     from tfmjax.checkpoint import NO_HF_TOKENIZER
-    from tfmjax.decode import Greedy
-    from tfmjax.generate import generate_from_text, hf_continuations, text_continuations
+    from tfmjax.generate import generate_texts
 
     m = _loaded(m)
+    if m.tokenizer is None:  # an imported model without its tokenizer
+        raise ValueError(f"{m.path}: {NO_HF_TOKENIZER} (here: tfmjax.generate_ids)")
     texts = [text] if isinstance(text, str) else list(text)
-    exp = m.config
-    if m.source is None:  # an imported model
-        if m.tokenizer is None:
-            raise ValueError(f"{m.path}: {NO_HF_TOKENIZER} (here: tfmjax.generate_ids)")
-        out = hf_continuations(
-            exp.model, m.params, m.tokenizer, texts, strategy or Greedy(), max_new_tokens, seed
-        )
-    elif hasattr(m.source, "task"):
-        task = m.source.task
-        max_new = max_new_tokens or task.max_target_len("eval") + 1
-        inputs = [task.canonical_input(t) for t in texts]
-        out = generate_from_text(
-            exp.model, m.params, task.vocab, inputs, strategy or Greedy(), max_new, rng=seed
-        )
-    else:
-        out = text_continuations(exp, m.params, m.tokenizer, texts, strategy, max_new_tokens, seed)
+    task = getattr(m.source, "task", None)  # a toy task; else a corpus (its TextParams) or none
+    texts = [task.canonical_input(t) for t in texts] if task else texts
+    corpus = None if task or m.source is None else m.source.params
+    out = generate_texts(
+        m.config.model, m.params, m.tokenizer, texts, strategy, max_new_tokens, seed,
+        task=task, text=corpus,
+    )  # fmt: skip
     return out[0] if isinstance(text, str) else out
 
 
@@ -167,12 +160,10 @@ def generate_ids(m, ids: Sequence[Sequence[int]], strategy=None, *, max_new_toke
     model's EOS (:func:`tfmjax.decode.generate`: BOS goes first only if the model puts it
     there, ``model.prompt_bos``). ``strategy`` as for :func:`generate_text`."""
     from tfmjax.decode import Greedy, generate
-    from tfmjax.parallel.processes import to_host
+    from tfmjax.generate import rows_of
 
     m = _loaded(m)
-    out = generate(m.model, m.params, ids, strategy or Greedy(), max_new_tokens, rng=seed)
-    rows, lengths = to_host((out.tokens, out.lengths))
-    return [row[:n] for row, n in zip(rows.tolist(), lengths.tolist(), strict=True)]
+    return rows_of(generate(m.model, m.params, ids, strategy or Greedy(), max_new_tokens, rng=seed))
 
 
 def evaluate(

@@ -1,7 +1,9 @@
 """Generate from a trained checkpoint: ``python -m tfmjax.generate WORKDIR --input "c a b"``.
 
 The checkpoint under WORKDIR (written by the training loop) holds the experiment config and
-the params; the task's vocabulary turns text into ids and back. ``--input`` may be repeated
+the params; its tokenizer (:class:`~tfmjax.data.tokenizers.Tokenizer`: a toy task's
+vocabulary, a corpus's tokenizer or an imported model's own) turns text into ids and back,
+on one path for all three (:func:`generate_texts`). ``--input`` may be repeated
 (one batch). ``--decode greedy|beam|sample`` with ``--beam-size``, ``--temperature``,
 ``--top-k``, ``--top-p`` (:mod:`tfmjax.decode.options`); default greedy.
 
@@ -33,28 +35,33 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tfmjax.config import ModelConfig
-from tfmjax.data.vocab import RESERVED_TOKENS, Vocab
+from tfmjax.data.vocab import RESERVED_TOKENS
+
+if TYPE_CHECKING:
+    from tfmjax.data.tokenizers import Tokenizer
 
 # JAX and the model code are imported inside the functions that use them, so the Ctrl-C
 # handler that ``main`` installs first also covers their (seconds-long) import.
 
 
-def prompt_ids(model, vocab: Vocab, text: str) -> list[int]:
-    """The ids the model's family was trained to continue (e.g. ``source SEP``).
-
-    Refuses (ValueError, one line) an empty input and special tokens such as ``<eos>``,
-    which the model never saw inside a source.
-    """
-    if vocab.size > model.config.vocab_size:
+def prompt_ids(model, tokenizer: Tokenizer, text: str, task=None) -> list[int]:
+    """The ids the model continues: ``text`` as ``tokenizer`` encodes it; a toy ``task``'s
+    input in the layout its family was trained to answer (``model.prompt_for_source``, e.g.
+    ``source SEP``). ValueError (one line): an empty input, a special token in a task input."""
+    if task is not None and tokenizer.size > model.config.vocab_size:
         raise ValueError(
-            f"the task vocabulary has {vocab.size} ids but model.vocab_size="
+            f"the task vocabulary has {tokenizer.size} ids but model.vocab_size="
             f"{model.config.vocab_size}"
         )
-    if not text.strip():
-        raise ValueError('--input is empty: give space-separated task symbols, e.g. "c a b"')
-    ids = vocab.encode(text)
+    ids = tokenizer.encode(text)
+    if not ids:
+        give = 'task symbols, e.g. "c a b"' if task else 'the text to continue, e.g. "Hello"'
+        raise ValueError(f"--input is empty: give {give}")
+    if task is None:
+        return ids
     special = [RESERVED_TOKENS[i] for i in ids if i < len(RESERVED_TOKENS)]
     if special:
         raise ValueError(
@@ -75,27 +82,68 @@ def check_trained_length(task, texts: list[str]) -> list[str]:
     ]
 
 
-def generate_from_text(
+def generate_texts(
     model_config: ModelConfig,
     params,
-    vocab: Vocab,
-    text,
-    strategy,
-    max_new_tokens: int,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    strategy=None,
+    max_new_tokens: int | None = None,
+    seed: int = 0,
     *,
-    rng=None,
-):
-    """Continue ``text`` (space-separated task symbols; a str or a list of str) -> str(s)."""
-    texts = [text] if isinstance(text, str) else list(text)
-    from tfmjax.decode import generate
+    task=None,
+    text=None,
+) -> list[str]:
+    """What the model writes after each of ``texts``, for every source: one path from text
+    to ids (:func:`prompt_ids`) to new ids (:func:`new_ids`) to text (``tokenizer.decode``,
+    the model's EOS left out). ``task``: a toy task answering its inputs (the caller applies
+    ``task.canonical_input``), greedy, by default its longest answer + EOS. ``text``: a text
+    task's ``TextParams``: its top-k sampling and ``sample_tokens`` by default, each text
+    continued on its own. Neither: an imported model's text, greedy, 16 tokens by default."""
+    from tfmjax.decode import Greedy, TopK
     from tfmjax.models import build
-    from tfmjax.parallel.processes import to_host
 
     model = build(model_config)
-    prompts = [prompt_ids(model, vocab, t) for t in texts]
-    out = generate(model, params, prompts, strategy, max_new_tokens, rng=rng)
-    answers = [vocab.decode(row) for row in to_host(out.tokens)]
-    return answers[0] if isinstance(text, str) else answers
+    prompts = [prompt_ids(model, tokenizer, t, task) for t in texts]
+    if text is not None:
+        strategy = strategy or TopK(min(text.top_k, model_config.vocab_size) or 1, text.temperature)
+        max_new_tokens = max_new_tokens or text.sample_tokens
+    elif task is not None:
+        max_new_tokens = max_new_tokens or task.max_target_len("eval") + 1
+    rows = new_ids(
+        model, params, prompts, strategy or Greedy(), max_new_tokens or 16, seed,
+        slide=task is None, apart=text is not None,
+    )  # fmt: skip
+    eos = model_config.eos_id
+    return [tokenizer.decode(row[: row.index(eos)] if eos in row else row) for row in rows]
+
+
+def new_ids(model, params, prompts, strategy, max_new_tokens: int, seed: int, *, slide, apart):
+    """The new ids of each prompt (up to and including the model's EOS): one batch sampled
+    with ``seed``; or each prompt on its own with ``fold_in(key(seed), i)``, ``apart`` or
+    (``slide``) when a prompt and its new ids pass ``model.max_len``: :func:`continue_text`."""
+    import jax
+
+    from tfmjax.decode import generate
+
+    longest, max_len = max(len(p) for p in prompts), model.config.max_len
+    if slide:
+        _check_prompt_fits(longest, max_len)
+    if not apart and not (slide and longest + max_new_tokens > max_len):
+        return rows_of(generate(model, params, prompts, strategy, max_new_tokens, rng=seed))
+    rng = jax.random.key(seed)
+    return [
+        continue_text(model, params, p, strategy, max_new_tokens, jax.random.fold_in(rng, i))
+        for i, p in enumerate(prompts)
+    ]
+
+
+def rows_of(out) -> list[list[int]]:
+    """Each row of a :func:`~tfmjax.decode.generate` result up to its length, on the host."""
+    from tfmjax.parallel.processes import to_host
+
+    rows, lengths = to_host((out.tokens, out.lengths))
+    return [row[:n] for row, n in zip(rows.tolist(), lengths.tolist(), strict=True)]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -213,103 +261,62 @@ def load_on_mesh(workdir: str, mesh: Sequence[str] = ()):
 
 
 def _run(args) -> int:
+    from tfmjax.checkpoint import CheckpointError
+    from tfmjax.decode.options import strategy_from_args
+    from tfmjax.parallel.processes import fail, tag
+
+    try:
+        strategy = strategy_from_args(args)  # no --decode: the source's default
+        strategy = strategy if args.explicit_decode else None
+        experiment, params, step, placement = load_on_mesh(args.workdir, args.overrides)
+        with placement.context():  # as the training loop evaluates: the mesh and its rules
+            if args.ids:
+                return _generate_ids(experiment.model, params, args, strategy)
+            tokenizer, task, text = _reader(args, experiment, step)
+            inputs = [task.canonical_input(t) for t in args.input] if task else args.input
+            for line in check_trained_length(task, inputs) if task else ():
+                _say(line, sys.stderr)
+            news = generate_texts(
+                experiment.model, params, tokenizer, inputs, strategy, args.max_new_tokens,
+                args.seed, task=task, text=text,
+            )  # fmt: skip
+    except (ValueError, CheckpointError) as err:
+        return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost
+    for given, new in zip(args.input, news, strict=True):
+        _say(given + new if text is not None else f"{given} -> {new}")  # a text task: it goes on
+    return 0
+
+
+def _reader(args, experiment, step: int):
+    """``(tokenizer, task, text)`` for :func:`generate_texts`: a text task's saved tokenizer
+    (its text never read), an imported model's own, or a toy task's vocabulary."""
     from tfmjax.checkpoint import (
         NO_HF_TOKENIZER,
-        CheckpointError,
         hf_tokenizer_of,
         is_imported,
         load_assets,
         open_checkpoint_source,
     )
     from tfmjax.data.sources import is_text
-    from tfmjax.decode.options import strategy_from_args
-    from tfmjax.parallel.processes import fail, tag
-
-    try:
-        strategy = strategy_from_args(args)
-        experiment, params, step, placement = load_on_mesh(args.workdir, args.overrides)
-        with placement.context():  # as the training loop evaluates: the mesh and its rules
-            if args.ids:
-                return _generate_ids(experiment.model, params, args, strategy)
-            if is_text(experiment.data.task):
-                strategy = strategy if args.explicit_decode else None
-                return _generate_text(experiment, params, step, args, strategy)
-            assets = load_assets(args.workdir, step)
-            tokenizer = hf_tokenizer_of(experiment, assets)
-            if tokenizer is not None:
-                return _generate_hf_text(experiment.model, params, tokenizer, args, strategy)
-            if is_imported(experiment, assets):
-                raise ValueError(NO_HF_TOKENIZER)
-            accept = args.accept_changed_data
-            data = experiment.data
-            task = open_checkpoint_source(args.workdir, step, data, accept_changed_data=accept).task
-            max_new = args.max_new_tokens or task.max_target_len("eval") + 1
-            inputs = [task.canonical_input(text) for text in args.input]
-            for line in check_trained_length(task, inputs):
-                _say(line, sys.stderr)
-            answers = generate_from_text(
-                experiment.model, params, task.vocab, inputs, strategy, max_new, rng=args.seed
-            )
-    except (ValueError, CheckpointError) as err:
-        return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost
-    for text, answer in zip(args.input, answers, strict=True):
-        _say(f"{text} -> {answer}")
-    return 0
-
-
-def _generate_text(experiment, params, step: int, args, strategy) -> int:
-    """``--input`` of a text task: each text continued, printed with its continuation."""
-    from tfmjax.checkpoint import load_assets
+    from tfmjax.data.text import TextParams
     from tfmjax.data.tokenizers import tokenizer_from_dict
 
-    saved = load_assets(args.workdir, step).get("tokenizer")
-    if saved is None:
-        raise ValueError(f"checkpoint step {step} holds no tokenizer (written by an older tfmjax)")
-    tokenizer = tokenizer_from_dict(saved)
-    texts = args.input
-    news = text_continuations(
-        experiment, params, tokenizer, texts, strategy, args.max_new_tokens, args.seed
-    )
-    for text, new in zip(texts, news, strict=True):
-        _say(text + new)
-    return 0
-
-
-def text_continuations(
-    experiment, params, tokenizer, texts, strategy=None, max_new_tokens=None, seed=0
-) -> list[str]:
-    """The text a text task's language model writes after each of ``texts`` (up to its EOS
-    or ``max_new_tokens``, default the task's ``sample_tokens``); ``strategy`` None: the
-    task's top-k sampling; text ``i`` samples with ``fold_in(key(seed), i)``."""
-    import jax
-
-    from tfmjax.data.text import TextParams
-    from tfmjax.data.tokenizers import decode
-    from tfmjax.decode import TopK
-    from tfmjax.models import build
-
-    task = TextParams.parse(experiment.data.task_params)
-    model_config = experiment.model
-    if strategy is None:
-        strategy = TopK(min(task.top_k, model_config.vocab_size) or 1, task.temperature)
-    prompts = [tokenizer.encode(text) for text in texts]
-    if not all(prompts):
-        raise ValueError('--input is empty: give the text to continue, e.g. "ROMEO:"')
-    _check_prompt_fits(max(len(p) for p in prompts), model_config.max_len)
-    model = build(model_config)
-    rng = jax.random.key(seed)
-    news = []
-    for i, prompt in enumerate(prompts):
-        new = continue_text(
-            model,
-            params,
-            prompt,
-            strategy,
-            max_new_tokens or task.sample_tokens,
-            jax.random.fold_in(rng, i),
-        )
-        news.append(decode(tokenizer, new, stop_at_eos=True))
-    return news
+    assets = load_assets(args.workdir, step)
+    if is_text(experiment.data.task):
+        if assets.get("tokenizer") is None:
+            raise ValueError(
+                f"checkpoint step {step} holds no tokenizer (written by an older tfmjax)"
+            )
+        text = TextParams.parse(experiment.data.task_params)
+        return tokenizer_from_dict(assets["tokenizer"]), None, text
+    tokenizer = hf_tokenizer_of(experiment, assets)
+    if tokenizer is not None:
+        return tokenizer, None, None
+    if is_imported(experiment, assets):
+        raise ValueError(NO_HF_TOKENIZER)
+    accept, data = args.accept_changed_data, experiment.data
+    task = open_checkpoint_source(args.workdir, step, data, accept_changed_data=accept).task
+    return task.vocab, task, None
 
 
 def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: int, rng):
@@ -319,7 +326,6 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
     import jax
 
     from tfmjax.decode import generate
-    from tfmjax.parallel.processes import to_host
 
     eos = model.config.eos_id
     max_len, keep = model.config.max_len, max(model.config.max_len // 2, 1)
@@ -328,61 +334,11 @@ def continue_text(model, params, prompt: list[int], strategy, max_new_tokens: in
         context = ids if len(ids) < max_len else ids[-keep:]
         n = min(max_new_tokens - len(new), max_len - len(context))
         rng, key = jax.random.split(rng)
-        out = generate(model, params, [context], strategy, n, rng=key)
-        tokens, lengths = to_host((out.tokens, out.lengths))
-        row = [int(t) for t in tokens[0][: int(lengths[0])]]
+        (row,) = rows_of(generate(model, params, [context], strategy, n, rng=key))
         ids, new = ids + row, new + row
         if (eos is not None and eos in row) or not row:
             break
     return new
-
-
-def _generate_hf_text(model_config: ModelConfig, params, tokenizer, args, strategy) -> int:
-    """``--input`` of an imported model, printed as ``text -> continuation``
-    (:func:`hf_continuations`)."""
-    news = hf_continuations(
-        model_config, params, tokenizer, args.input, strategy, args.max_new_tokens, args.seed
-    )
-    for text, new in zip(args.input, news, strict=True):
-        _say(f"{text} -> {new}")
-    return 0
-
-
-def hf_continuations(
-    model_config: ModelConfig, params, tokenizer, texts, strategy, max_new_tokens=None, seed=0
-) -> list[str]:
-    """What an imported model writes after each text: encoded with the model's own tokenizer
-    (with the special tokens it adds, as ``AutoTokenizer(text)``), continued as ``--ids``
-    would be (up to its EOS, or ``max_new_tokens``, default 16), decoded without the EOS.
-    Prompt and new tokens beyond ``model.max_len``: each prompt slides its window
-    (:func:`continue_text`), as a text task's model does."""
-    import jax
-
-    from tfmjax.decode import generate
-    from tfmjax.models import build
-    from tfmjax.parallel.processes import to_host
-
-    prompts = [tokenizer.encode(text) for text in texts]
-    if not all(prompts):
-        raise ValueError('--input is empty: give the text to continue, e.g. "Hello"')
-    _check_prompt_fits(max(len(p) for p in prompts), model_config.max_len)
-    model, max_new = build(model_config), max_new_tokens or 16
-    if max(len(p) for p in prompts) + max_new <= model_config.max_len:  # one batch
-        out = generate(model, params, prompts, strategy, max_new, rng=seed)
-        rows, lengths = to_host((out.tokens, out.lengths))
-        rows = [row[:n] for row, n in zip(rows.tolist(), lengths.tolist(), strict=True)]
-    else:  # past max_len: each prompt slides its window, as a text task's model does
-        rng = jax.random.key(seed)
-        rows = [
-            continue_text(model, params, p, strategy, max_new, jax.random.fold_in(rng, i))
-            for i, p in enumerate(prompts)
-        ]
-    news = []
-    for new in rows:
-        if new and new[-1] == model_config.eos_id:  # the EOS it stopped at is not text
-            new = new[:-1]
-        news.append(tokenizer.decode(new))
-    return news
 
 
 def _check_prompt_fits(longest: int, max_len: int) -> None:
@@ -398,9 +354,8 @@ def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
     """``--ids``: continue each id list, exactly as given (BOS only if the model prepends it,
     ``model.prompt_bos``), by ``--max-new-tokens`` (default 16) ids or up to and including the
     model's EOS (``model.eos_id``: an imported model's ``eos_token_id``)."""
-    from tfmjax.decode import generate
+    from tfmjax.decode import Greedy, generate
     from tfmjax.models import build
-    from tfmjax.parallel.processes import to_host
 
     try:
         prompts = [[int(t) for t in text.split()] for text in args.ids]
@@ -408,17 +363,10 @@ def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
         raise ValueError(f"--ids {args.ids!r} must be space-separated integers") from None
     if not all(prompts):
         raise ValueError('--ids is empty: give space-separated token ids, e.g. "464 3290"')
-    out = generate(
-        build(model_config),
-        params,
-        prompts,
-        strategy,
-        args.max_new_tokens or 16,
-        rng=args.seed,
-    )
-    rows, lengths = to_host((out.tokens, out.lengths))
-    for text, row, n in zip(args.ids, rows.tolist(), lengths.tolist(), strict=True):
-        _say(f"{text} -> {' '.join(map(str, row[:n]))}")
+    model, max_new = build(model_config), args.max_new_tokens or 16
+    out = generate(model, params, prompts, strategy or Greedy(), max_new, rng=args.seed)
+    for text, row in zip(args.ids, rows_of(out), strict=True):
+        _say(f"{text} -> {' '.join(map(str, row))}")
     return 0
 
 

@@ -9,7 +9,6 @@ from tfmjax.data.text import TextSource, mask_tokens, split_play
 from tfmjax.data.tokenizers import (
     CharTokenizer,
     char_lengths,
-    decode,
     tokenizer_from_dict,
     train_tokenizer,
 )
@@ -158,7 +157,7 @@ def test_masked_lm_batches_are_reproducible(char_source):
 def test_char_tokenizer_round_trips_and_names_an_unknown_character(plays):
     tok = train_tokenizer("char", [t for _, t in plays])
     text = dict(plays)["macbeth"][:5000]
-    assert decode(tok, tok.encode(text)) == text
+    assert tok.decode(tok.encode(text)) == text
     assert tokenizer_from_dict(tok.to_dict()).encode(text) == tok.encode(text)
     with pytest.raises(ValueError, match="character '~' is not in the tokenizer"):
         tok.encode("a~b")
@@ -174,7 +173,7 @@ def test_bpe_tokenizer_round_trips_is_deterministic_and_restores(plays):
     ids = tok.encode(text)
     assert len(ids) < len(text) * 0.7  # merges shorten ASCII text
     assert min(ids) >= len(RESERVED_TOKENS)
-    assert decode(tok, ids) == text
+    assert tok.decode(ids) == text
     again = tokenizer_from_dict(tok.to_dict())
     assert again.encode(text) == ids
     with pytest.raises(ValueError, match="at least 261 ids"):
@@ -194,9 +193,9 @@ def test_char_lengths_count_the_characters_of_any_text(plays, kind):
 
 def test_decode_shows_specials_and_ids_past_the_tokenizer():
     tok = CharTokenizer(list("ab"))
-    assert decode(tok, [5, MASK_ID, 6, EOS_ID, 5]) == "a<mask>b\na"
-    assert decode(tok, [5, EOS_ID, 6], stop_at_eos=True) == "a"
-    assert decode(tok, [1, 5, 0, 40]) == "a\ufffd"
+    assert tok.decode([5, MASK_ID, 6, EOS_ID, 5]) == "a<mask>b\na"
+    assert tok.decode([5, EOS_ID, 6], stop_at_eos=True) == "a"
+    assert tok.decode([1, 5, 0, 40]) == "a\ufffd"
 
 
 def test_text_params_are_checked():

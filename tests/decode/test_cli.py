@@ -1,4 +1,4 @@
-"""generate_from_text and ``python -m tfmjax.generate WORKDIR --input ...``."""
+"""generate_texts on a toy task and ``python -m tfmjax.generate WORKDIR --input ...``."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ from tfmjax.data import make_task
 from tfmjax.data.vocab import SEP_ID
 from tfmjax.decode import BeamSearch, Greedy, Temperature, TopK, TopP, generate
 from tfmjax.decode.options import strategy_from_args
-from tfmjax.generate import generate_from_text, main, parse_args
+from tfmjax.generate import generate_texts, main, parse_args
 
 TASK_PARAMS = {"max_len": 5, "num_symbols": 6}
 
@@ -20,17 +20,22 @@ def setup(tiny):
     return task, model, params
 
 
-def test_generate_from_text_is_generate_on_source_sep(setup):
+def answers(setup, texts, strategy, n):
+    task, model, params = setup
+    return generate_texts(model.config, params, task.vocab, texts, strategy, n, task=task)
+
+
+def test_generate_texts_of_a_task_is_generate_on_source_sep(setup):
     task, model, params = setup
     text = "c a f"
-    out = generate_from_text(model.config, params, task.vocab, text, Greedy(), 6)
+    (out,) = answers(setup, [text], Greedy(), 6)
     ids = generate(model, params, [task.vocab.encode(text) + [SEP_ID]], Greedy(), 6).tokens
     assert out == task.vocab.decode(np.asarray(ids)[0])
     assert isinstance(out, str) and set(out.split()) <= set(task.vocab.symbols)
-    many = generate_from_text(model.config, params, task.vocab, [text, "b"], BeamSearch(2), 6)
+    many = answers(setup, [text, "b"], BeamSearch(2), 6)
     assert isinstance(many, list) and len(many) == 2
     with pytest.raises(ValueError, match="unknown symbol 'z'"):
-        generate_from_text(model.config, params, task.vocab, "a z", Greedy(), 6)
+        answers(setup, ["a z"], Greedy(), 6)
 
 
 def save_workdir(path, model, params, data: DataConfig):
@@ -54,13 +59,11 @@ def workdir(setup, tmp_path_factory):
 
 def test_cli_loads_checkpoint_and_prints_answers(setup, workdir, capsys):
     """``python -m tfmjax.generate WORKDIR --input ...`` prints one greedy answer per input,
-    the ones generate_from_text gives; an unknown symbol is refused in one line."""
-    task, model, params = setup
+    the ones generate_texts gives; an unknown symbol is refused in one line."""
+    task, _, _ = setup
     assert main([str(workdir), "--input", "c a f", "--input", "b"]) == 0
     lines = [line.rstrip() for line in capsys.readouterr().out.strip().splitlines()]
-    want = generate_from_text(
-        model.config, params, task.vocab, ["c a f", "b"], Greedy(), task.max_target_len("eval") + 1
-    )
+    want = answers(setup, ["c a f", "b"], Greedy(), task.max_target_len("eval") + 1)
     assert lines == [f"c a f -> {want[0]}".rstrip(), f"b -> {want[1]}".rstrip()]
 
     assert main([str(workdir), "--input", "a z"]) == 2
@@ -125,7 +128,56 @@ def test_cli_writes_inputs_as_the_task_does(tiny, tmp_path, capsys):
     model, params = tiny("tiny-gpt2", vocab_size=task.vocab.size, seed=2)
     save_workdir(tmp_path, model, params, DataConfig(task="addition", task_params=task.params))
     assert main([str(tmp_path), "--input", "4 5 + 1 2 3"]) == 0
-    padded = generate_from_text(model.config, params, task.vocab, "0 4 5 + 1 2 3", Greedy(), 5)
-    unpadded = generate_from_text(model.config, params, task.vocab, "4 5 + 1 2 3", Greedy(), 5)
+    padded, unpadded = answers((task, model, params), ["0 4 5 + 1 2 3", "4 5 + 1 2 3"], Greedy(), 5)
     assert padded != unpadded  # the padding reaches the model
     assert capsys.readouterr().out.rstrip() == f"4 5 + 1 2 3 -> {padded}".rstrip()
+
+
+def test_every_source_goes_through_one_text_path(monkeypatch, tmp_path):
+    """A toy task's vocabulary, a corpus's tokenizer and an imported model's HF tokenizer take
+    the same path through ``tfmjax.generate_text``: encode, the prompt layout (``source SEP``
+    for a task only), one ``new_ids`` call (what differs: its defaults, sliding and batching),
+    decode up to the model's EOS. ``new_ids`` is replaced: no model runs."""
+    import importlib.util
+    import types
+    from pathlib import Path
+
+    import tfmjax
+    import tfmjax.generate as gen
+    from tfmjax.api import Loaded
+    from tfmjax.data.text import TextParams
+    from tfmjax.data.tokenizers import train_tokenizer
+    from tfmjax.data.vocab import EOS_ID
+    from tfmjax.hf.tokenizer import read
+    from tfmjax.models import build, preset
+
+    fixture = Path(__file__).parents[1] / "hf" / "tokenizer_fixture.py"
+    spec = importlib.util.spec_from_file_location("tokenizer_fixture", fixture)
+    hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf)
+    calls = []
+
+    def new_ids(model, params, prompts, strategy, max_new, seed, *, slide, apart):
+        calls.append((prompts, strategy, max_new, slide, apart))
+        return [[*p[-2:], EOS_ID, *p[:2]] for p in prompts]  # text after the EOS is cut
+
+    monkeypatch.setattr(gen, "new_ids", new_ids)
+    task = make_task("reverse", **TASK_PARAMS)
+    corpus = types.SimpleNamespace(params=TextParams(sample_tokens=7, top_k=3, temperature=0.5))
+    sources = {
+        "task": (task.vocab, types.SimpleNamespace(task=task), "c a f"),
+        "corpus": (train_tokenizer("char", ["ROMEO: hi"]), corpus, "ROMEO:"),
+        "hf": (read(hf.model_dir("llama", tmp_path)), None, "the dog sat"),
+    }
+    model = build(preset("tiny-gpt2", vocab_size=96, max_len=32))  # EOS is id 2
+    for name, (tokenizer, source, text) in sources.items():
+        m = Loaded(model, {}, types.SimpleNamespace(model=model.config), tokenizer, 0, "", source)
+        out = tfmjax.generate_text(m, text)
+        (prompt,), strategy, max_new, slide, apart = calls[-1]
+        ids = tokenizer.encode(text)
+        assert prompt == (ids + [SEP_ID] if name == "task" else ids), name
+        assert out == tokenizer.decode(prompt[-2:]), name
+        assert (slide, apart) == (name != "task", name == "corpus"), name
+    assert len(calls) == 3
+    assert [c[1] for c in calls] == [Greedy(), TopK(3, 0.5), Greedy()]
+    assert [c[2] for c in calls] == [task.max_target_len("eval") + 1, 7, 16]

@@ -25,7 +25,7 @@ from tfmjax.config import ConfigError, MeshConfig, from_dict, load
 from tfmjax.data import make_task
 from tfmjax.decode import Greedy, generate
 from tfmjax.evaluation.report import evaluate_checkpoint
-from tfmjax.generate import generate_from_text, main
+from tfmjax.generate import generate_texts, main
 from tfmjax.models import build
 from tfmjax.parallel import fit_mesh, inference_placement
 
@@ -201,7 +201,7 @@ def test_generate_on_the_mesh_equals_one_device(workdir, capsys, monkeypatch):
     ]
     task = make_task("reverse", **experiment.data.task_params)
     n = task.max_target_len("eval") + 1
-    answers = generate_from_text(experiment.model, params, task.vocab, INPUTS, Greedy(), n)
+    answers = generate_texts(experiment.model, params, task.vocab, INPUTS, Greedy(), n, task=task)
     lines = [line.rstrip() for line in text_run.out.splitlines()]
     assert lines == [f"{t} -> {a}".rstrip() for t, a in zip(INPUTS, answers, strict=True)]
 

@@ -1,5 +1,6 @@
-"""Text tokenizers trained locally: characters, or byte-level BPE (Hugging Face ``tokenizers``);
-and an imported Hugging Face model's own tokenizer (:class:`HFTokenizer`).
+"""The :class:`Tokenizer` interface, and the text tokenizers: trained locally (characters, or
+byte-level BPE with Hugging Face ``tokenizers``), and an imported Hugging Face model's own
+(:class:`HFTokenizer`). A toy task's :class:`~tfmjax.data.vocab.Vocab` is a Tokenizer too.
 
 Both keep the reserved ids of :mod:`tfmjax.data.vocab` (0 PAD, 1 BOS, 2 EOS, 3 SEP, 4 MASK)
 and put their own tokens from id 5, so the models' ``bos_id`` and the EOS handling of
@@ -17,17 +18,63 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from tfmjax.data.vocab import EOS_ID, MASK_ID, RESERVED_TOKENS
+from tfmjax.data.vocab import BOS_ID, EOS_ID, MASK_ID, PAD_ID, RESERVED_TOKENS
 
 TOKENIZERS = ("char", "bpe")
 MIN_BPE_VOCAB = len(RESERVED_TOKENS) + 256  # the reserved ids and the 256 byte tokens
 _SHOWN = {EOS_ID: "\n", MASK_ID: "<mask>"}  # how decode() renders special ids (others: "")
 
 
-class CharTokenizer:
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text to ids and back, whatever the source: a toy task's vocabulary, a corpus's char or
+    BPE tokenizer, an imported model's own. ``bos_id``, ``eos_id``, ``pad_id``: the source's
+    special ids (None where it has none); ``size``: the number of ids."""
+
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int | None
+
+    @property
+    def size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+
+class _Reserved:
+    """A corpus tokenizer: the reserved ids of :mod:`tfmjax.data.vocab`, its tokens from 5."""
+
+    bos_id, eos_id, pad_id = BOS_ID, EOS_ID, PAD_ID
+
+    def decode(self, ids: Iterable[int], *, stop_at_eos: bool = False) -> str:
+        """Ids -> text. EOS shows as a newline (or ends the text with ``stop_at_eos``), MASK
+        as ``<mask>``, an id past the tokenizer (a model vocabulary larger than it) as U+FFFD;
+        PAD, BOS and SEP show as nothing."""
+        out, run = [], []
+        for i in (int(i) for i in ids):
+            if not 0 <= i < self.size:
+                out += [self._decode_run(run), "\ufffd"]
+                run = []
+                continue
+            if i >= len(RESERVED_TOKENS):
+                run.append(i)
+                continue
+            out.append(self._decode_run(run))
+            run = []
+            if i == EOS_ID and stop_at_eos:
+                return "".join(out)
+            out.append(_SHOWN.get(i, ""))
+        out.append(self._decode_run(run))
+        return "".join(out)
+
+
+class CharTokenizer(_Reserved):
     """One id per character seen in the training text (``symbols``), from id 5."""
 
     kind = "char"
@@ -63,7 +110,7 @@ class CharTokenizer:
         return {"kind": self.kind, "symbols": "".join(self.symbols)}
 
 
-class BpeTokenizer:
+class BpeTokenizer(_Reserved):
     """Byte-level BPE: 256 byte tokens and learned merges, ``vocab_size`` ids in all."""
 
     kind = "bpe"
@@ -168,35 +215,7 @@ class HFTokenizer:
         }
 
 
-Tokenizer = CharTokenizer | BpeTokenizer | HFTokenizer
-
-
-def decode(tokenizer: Tokenizer, ids: Iterable[int], *, stop_at_eos: bool = False) -> str:
-    """Ids -> text. EOS shows as a newline (or ends the text with ``stop_at_eos``), MASK as
-    ``<mask>``, an id past the tokenizer (a model vocabulary larger than it) as U+FFFD;
-    PAD, BOS and SEP show as nothing. (An :class:`HFTokenizer` leaves its special tokens
-    out.)"""
-    if isinstance(tokenizer, HFTokenizer):
-        return tokenizer.decode(ids, stop_at_eos=stop_at_eos)
-    out, run = [], []
-    for i in (int(i) for i in ids):
-        if not 0 <= i < tokenizer.size:
-            out += [tokenizer._decode_run(run), "\ufffd"]
-            run = []
-            continue
-        if i >= len(RESERVED_TOKENS):
-            run.append(i)
-            continue
-        out.append(tokenizer._decode_run(run))
-        run = []
-        if i == EOS_ID and stop_at_eos:
-            return "".join(out)
-        out.append(_SHOWN.get(i, ""))
-    out.append(tokenizer._decode_run(run))
-    return "".join(out)
-
-
-def char_lengths(tokenizer: Tokenizer) -> np.ndarray:
+def char_lengths(tokenizer: CharTokenizer | BpeTokenizer) -> np.ndarray:
     """``[V]`` characters each id stands for (EOS: 1, a separator; other reserved ids: 0),
     so bits per character can be compared across tokenizers."""
     lengths = np.zeros((tokenizer.size,), np.int64)
@@ -206,7 +225,9 @@ def char_lengths(tokenizer: Tokenizer) -> np.ndarray:
     return lengths
 
 
-def train_tokenizer(kind: str, texts: Sequence[str], vocab_size: int | None = None) -> Tokenizer:
+def train_tokenizer(
+    kind: str, texts: Sequence[str], vocab_size: int | None = None
+) -> CharTokenizer | BpeTokenizer:
     """A tokenizer of ``kind`` ("char" or "bpe") trained on ``texts``."""
     if kind == "char":
         return CharTokenizer.train(texts)

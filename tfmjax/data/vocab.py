@@ -21,7 +21,8 @@ _MAX_LISTED = 20  # how many valid symbols an error message lists before truncat
 
 @dataclasses.dataclass(frozen=True)
 class Vocab:
-    """Reserved tokens followed by `symbols`; token id = index into `tokens`.
+    """Reserved tokens followed by `symbols`; token id = index into `tokens`. A
+    :class:`~tfmjax.data.tokenizers.Tokenizer`: ``encode``, ``decode``, the special ids, ``size``.
 
     `symbols` are the task symbols only (ids 5, 6, ...). A list is accepted and
     stored as a tuple so the vocab stays hashable.
@@ -29,6 +30,7 @@ class Vocab:
 
     symbols: tuple[str, ...]
     _index: dict[str, int] = dataclasses.field(init=False, repr=False, compare=False)
+    bos_id, eos_id, pad_id = BOS_ID, EOS_ID, PAD_ID  # the Tokenizer interface's special ids
 
     def __post_init__(self) -> None:
         symbols = tuple(self.symbols)

@@ -26,7 +26,6 @@ import jax
 import numpy as np
 
 from tfmjax.data.text import TextSource
-from tfmjax.data.tokenizers import decode
 from tfmjax.data.vocab import MASK_ID, RESERVED_TOKENS
 from tfmjax.decode import TopK, generate
 from tfmjax.evaluation.evaluator import EVAL_SEED, NUM_ROWS, Evaluator, row_sums
@@ -115,9 +114,9 @@ class TextEvaluator:
             filled = np.where(tokens == MASK_ID, guess, tokens)
             return [
                 {
-                    "input": decode(tok, tokens[i]),
-                    "prediction": decode(tok, filled[i]),
-                    "target": decode(tok, batch["targets"][i]),
+                    "input": tok.decode(tokens[i]),
+                    "prediction": tok.decode(filled[i]),
+                    "target": tok.decode(batch["targets"][i]),
                 }
                 for i in range(len(tokens))
             ]
@@ -133,7 +132,7 @@ class TextEvaluator:
             eos_id=None,
         )
         return [
-            {"prompt": decode(tok, prompt), "continuation": decode(tok, row)}
+            {"prompt": tok.decode(prompt), "continuation": tok.decode(row)}
             for prompt, row in zip(self.prompts, to_host(out.tokens), strict=True)
         ]
 

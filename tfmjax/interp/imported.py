@@ -9,7 +9,12 @@ source stands in :class:`tfmjax.interp.analyses.Run`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from tfmjax.data.tokenizers import Tokenizer
 
 COMMANDS = ("heads", "patterns", "dla")  # what needs no task
 
@@ -35,8 +40,9 @@ class UserText:
         return str(i)
 
 
-def user_ids(model, tokenizer, text: str | None, ids: str | None) -> list[int]:
-    """The ids to analyse: ``text`` through the tokenizer or ``ids`` as given, a leading BOS
+def user_ids(model, tokenizer: Tokenizer | None, text: str | None, ids: str | None) -> list[int]:
+    """The ids to analyse: ``text`` through the model's tokenizer (its ``encode``, the
+    :class:`~tfmjax.data.tokenizers.Tokenizer` interface) or ``ids`` as given, a leading BOS
     dropped (the decoder reads the model's BOS first itself). ValueError (one line)."""
     if text is not None:
         if tokenizer is None:
