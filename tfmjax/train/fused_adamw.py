@@ -133,23 +133,26 @@ class FusedAdamW:
             )
         count = optax.safe_increment(state.count)
         lr = self.schedule(state.count) if callable(self.schedule) else self.schedule
-        flat_params = flatten_groups(params, groups)
-        updates, mus, nus = [], [], []
-        for g, mu, nu, p, decays in zip(
-            flat_grads, state.mu, state.nu, flat_params, groups.decays, strict=True
-        ):
+        directions, mus, nus = [], [], []
+        for g, mu, nu in zip(flat_grads, state.mu, state.nu, strict=True):
             mu = (1 - self.b1) * g + self.b1 * mu
             nu = (1 - self.b2) * jnp.square(g) + self.b2 * nu
             mu_hat = mu / (1 - self.b1**count).astype(mu.dtype)
             nu_hat = nu / (1 - self.b2**count).astype(nu.dtype)
-            u = mu_hat / (jnp.sqrt(nu_hat) + self.eps)
+            directions.append(mu_hat / (jnp.sqrt(nu_hat) + self.eps))
+            mus.append(mu)
+            nus.append(nu)
+        # The decay and the learning rate per leaf, where the update meets its parameter
+        # (one kernel with the slice and the step's apply): the params are never copied flat.
+        leaves, treedef = jax.tree.flatten(params)
+        directions = jax.tree.leaves(unflatten_groups(tuple(directions), params, groups))
+        updates = []
+        for u, p, decays in zip(directions, leaves, _leaf_decays(groups, len(leaves)), strict=True):
             if decays and not _is_zero(self.weight_decay):  # optax skips a constant 0
                 u = u + self.weight_decay * p
             updates.append(jnp.asarray(-lr, dtype=u.dtype) * u)
-            mus.append(mu)
-            nus.append(nu)
         new_state = FusedAdamWState(count, tuple(mus), tuple(nus))
-        return unflatten_groups(tuple(updates), params, groups), new_state
+        return jax.tree.unflatten(treedef, updates), new_state
 
     def _to_saved(self, state: FusedAdamWState, params: Any) -> Any:
         """The same state in the layout of :attr:`saved` (what checkpoints hold)."""
@@ -175,6 +178,15 @@ class FusedAdamW:
         return FusedAdamWState(
             adam.count, flatten_groups(adam.mu, groups), flatten_groups(adam.nu, groups)
         )
+
+
+def _leaf_decays(groups: Groups, n: int) -> list[bool]:
+    """Whether each of the ``n`` leaves decays, in leaf order (from its group)."""
+    out = [False] * n
+    for members, decays in zip(groups.members, groups.decays, strict=True):
+        for i in members:
+            out[i] = decays
+    return out
 
 
 def _is_zero(value) -> bool:
