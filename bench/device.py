@@ -15,7 +15,7 @@ not have, is recorded with its one-line reason and the run goes on):
 * ``attention``: forward and forward+backward of ``tfmjax.kernels.attention`` for each
   implementation the platform runs (pallas, cudnn on cuda, xla, blockwise), T in {1024, 4096,
   16384}, head width 64 and 128, causal and full, bf16, B*T = 16384 tokens and N*H = 2048
-  (quick: T in {128, 256}, head width 64, fp32 on CPU, B*T = 256 tokens, N*H = 256).
+  (quick: T in {128, 256}, head width 64, B*T = 256 tokens, N*H = 256).
   Useful FLOPs: 4*B*N*T*S*H forward, halved when causal; forward+backward = 3.5x forward
   (FlashAttention-2's count).
   Each cell: ms, TFLOP/s and the fraction of the same-run matmul rate.
@@ -32,8 +32,8 @@ not have, is recorded with its one-line reason and the run goes on):
   ``steps_per_call`` 1 and 4.
 * ``decode``: greedy KV-cached decoding tokens/s for GPT-2 small (random weights, prompt 32,
   128 new tokens) at batch 1 and 32 (quick: tiny-gpt2, 8 new tokens). Training and decoding
-  compute in the run's dtype: bf16, except quick runs on CPU (fp32: XLA:CPU in jax 0.10.2
-  cannot run a bf16 decode step at batch > 1, "Unsupported element type for DotThunk").
+  compute in the run's dtype: bf16, on the CPU too (there the attention matmuls take float32
+  operands: :mod:`tfmjax.kernels.xla`).
 
 Model FLOPs follow bench/train.py (PaLM's convention: 6 x matmul weights x tokens + the
 attention term).
@@ -415,7 +415,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     platform, quick = _platform(), args.quick
     repeats = args.repeats or (2 if quick else 5)
-    dtype = jnp.float32 if quick and platform == "cpu" else jnp.bfloat16
+    dtype = jnp.bfloat16
     result = {"platform": platform, "device": _device_kind(), "jax": jax.__version__,
               "quick": quick, "dtype": jnp.dtype(dtype).name}  # fmt: skip
     result["matmul"] = bench_matmul(512 if quick else 8192, dtype, repeats)

@@ -177,7 +177,7 @@ def test_bad_inputs_raise_one_line_value_errors(tiny):
             [[5] * 30],
             Greedy(),
             3,
-            {},
+            {"crop": False},
             "exceeds model.max_len=32: ask for "
             "max_new_tokens <= 2 \\(a language model's text continues past it through "
             "tfmjax.generate_text or python -m tfmjax.generate --input, whose window slides\\)",
@@ -230,6 +230,7 @@ def test_compiled_once_per_shape(tiny):
     before = _generate_jit._cache_size()
     for seed, prompts in enumerate([[[8, 9, 3], [3]], [[5, 3], [6, 7, 3]]]):
         generate(model, params, prompts, TopP(0.9), 5, rng=seed + 1)
+    generate(model, params, [[5, 6, 3], [7, 3]], TopP(0.8, 0.5), 5, rng=0)  # traced values
     assert _generate_jit._cache_size() == before
-    generate(model, params, [[5, 6, 3], [7, 3]], TopP(0.8), 5, rng=0)  # a new static value
+    generate(model, params, [[5, 6, 3], [7, 3]], TopK(4), 5, rng=0)  # a new static kind
     assert _generate_jit._cache_size() == before + 1

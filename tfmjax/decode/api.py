@@ -1,14 +1,20 @@
 """``generate``: check inputs on the host, then one jitted prefill + decode loop.
 
-The jitted core takes the model, strategy and ``max_new_tokens`` (``M``) as static arguments,
-so it compiles once per (those, prompt shape) and is reused after; ``eos_id`` and the rng are
-traced. The model family does the model-specific parts (prompt layout, cache, prefill, one
-decode step: :mod:`tfmjax.models.family`); this module and the loops never look at its kind.
+The jitted core takes the model, the strategy's kind (with ``TopK.k``, ``BeamSearch.beam_size``)
+and ``max_new_tokens`` (``M``) as static arguments; ``eos_id``, the rng and the strategy's
+floats (temperature, top-p, beam alpha: :func:`~tfmjax.decode.strategies.split_traced`) are
+traced. Prompt widths come in buckets (the next power of two, capped by the context:
+``model.prompt_arrays(..., bucket_for=M)``), so an interactive session or a temperature sweep
+compiles one program per (batch size, width bucket). A decoder-only prompt too long for ``M``
+new tokens is cropped to its last tokens (``crop``). The model family does the model-specific
+parts (prompt layout, cache, prefill, one decode step: :mod:`tfmjax.models.family`); this
+module and the loops never look at its kind.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +22,14 @@ import numpy as np
 
 from tfmjax.decode.beam import beam_search
 from tfmjax.decode.loop import GenerateOutput, sample_loop
-from tfmjax.decode.strategies import STRATEGIES, BeamSearch, Greedy, TopK
+from tfmjax.decode.strategies import (
+    STRATEGIES,
+    BeamSearch,
+    Greedy,
+    TopK,
+    bind_traced,
+    split_traced,
+)
 from tfmjax.models.prompts import read_prompts
 from tfmjax.parallel.processes import to_host
 
@@ -50,15 +63,27 @@ def check_max_new_tokens(max_new_tokens) -> None:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: must be an int >= 1")
 
 
-def checked_prompts(model, prompts, max_new_tokens: int, lengths=None):
+def checked_prompts(model, prompts, max_new_tokens: int, lengths=None, crop: bool = True):
     """Check a generation request on the host: ``prompts`` (and ``lengths``) -> right-padded
     int32 ``[B,P]`` and its row lengths ``[B]`` (:func:`tfmjax.models.prompts.read_prompts`
-    with the model's pad id)."""
+    with the model's pad id). ``crop``: prompts too long for ``max_new_tokens`` keep their
+    last tokens that fit, where the family can (decoder-only; ``model.crop_prompts``), with
+    one line on stderr; otherwise ``model.check_generation`` refuses them."""
     check_max_new_tokens(max_new_tokens)
     cfg = model.config
     arr, lengths = read_prompts(
         prompts, cfg.vocab_size, model.prompt_name, pad_id=cfg.pad_id, lengths=lengths
     )
+    if crop:
+        arr, lengths, dropped = model.crop_prompts(arr, lengths, int(max_new_tokens))
+        if dropped.any():
+            print(
+                f"warning: dropped the first {int(dropped.max())} token(s) of the longest "
+                f"prompt ({int(dropped.sum())} in {int((dropped > 0).sum())} prompt(s)) to "
+                f"leave room for max_new_tokens={int(max_new_tokens)} in "
+                f"model.max_len={cfg.max_len} (crop=False refuses instead)",
+                file=sys.stderr,
+            )
     model.check_generation(lengths, int(max_new_tokens))
     return arr, lengths
 
@@ -96,6 +121,8 @@ def generate(
     rng=None,
     eos_id: int | str | None = "model",
     lengths=None,
+    crop: bool = True,
+    bucket: bool = True,
 ) -> GenerateOutput:
     """Generate ``max_new_tokens`` (``M``) tokens per prompt with a KV cache.
 
@@ -110,22 +137,29 @@ def generate(
     ``strategy``: Greedy(), Temperature(τ), TopK(k, τ), TopP(p, τ) or BeamSearch(W, alpha).
     ``rng``: a key (or int seed) for the sampling strategies. ``eos_id``: a row stops after
     emitting it (``"model"``: ``model.eos_id``; None: never stop early).
+    ``crop``: a decoder-only prompt longer than ``model.max_len - M`` keeps its last
+    ``max_len - M`` tokens, and one line on stderr says how many were dropped (False: refused,
+    as encoder inputs always are). ``bucket``: prompts are padded to a width bucket (the next
+    power of two, capped by the context) so new prompt lengths reuse a compiled program; the
+    tokens are the same (False: compile for the exact width).
 
     Returns :class:`GenerateOutput` ``(tokens [B,M], lengths [B], log_probs [B], scores [B])``:
     ``tokens`` hold 0 after a row's EOS (0 may be a token too: ``lengths`` says where a row ends).
     """
     model = check_model(model)
     check_strategy(strategy, model.config.vocab_size)
-    arr, lengths = checked_prompts(model, prompts, max_new_tokens, lengths)
+    arr, lengths = checked_prompts(model, prompts, max_new_tokens, lengths, crop)
     eos = eos_of(model, eos_id)
     key = _as_key(rng, strategy)
+    M = int(max_new_tokens)
+    static, values = split_traced(strategy)
     run = functools.partial(
-        _generate_jit, model=model, strategy=strategy, max_new_tokens=int(max_new_tokens)
+        _generate_jit, traced=values, model=model, strategy=static, max_new_tokens=M
     )
     if model.equal_length_prompts and len(set(lengths.tolist())) > 1:
         return _by_length(model, params, arr, lengths, key, jnp.int32(eos), run)
-    arrays = tuple(jnp.asarray(a) for a in model.prompt_arrays(arr, lengths))
-    return run(params, arrays, key, jnp.int32(eos))
+    arrays = model.prompt_arrays(arr, lengths, bucket_for=M if bucket else None)
+    return run(params, tuple(jnp.asarray(a) for a in arrays), key, jnp.int32(eos))
 
 
 def _by_length(model, params, arr, lengths, key, eos, run) -> GenerateOutput:
@@ -148,7 +182,9 @@ def _by_length(model, params, arr, lengths, key, eos, run) -> GenerateOutput:
 
 
 @functools.partial(jax.jit, static_argnames=("model", "strategy", "max_new_tokens"))
-def _generate_jit(params, arrays, rng, eos_id, *, model, strategy, max_new_tokens):
+def _generate_jit(params, arrays, rng, eos_id, *, traced, model, strategy, max_new_tokens):
+    """``strategy``: the static part of :func:`split_traced`, ``traced`` its float fields."""
+    strategy = bind_traced(strategy, traced)
     model, params = model.unrolled(params)  # once, outside the loop
     logits, cache = model.prefill(params, arrays, max_new_tokens)
     step_fn = functools.partial(model.decode_step, params)

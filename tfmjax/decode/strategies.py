@@ -1,5 +1,7 @@
-"""Decoding strategies: frozen dataclasses, hashable so ``jax.jit`` can take them as static
-arguments (one compile per strategy value).
+"""Decoding strategies: frozen dataclasses. The jitted loop takes a strategy split in two
+(:func:`split_traced`): its kind, ``TopK.k`` and ``BeamSearch.beam_size`` are static (one
+compile each); its float fields (temperature, top-p ``p``, beam ``alpha``) are traced float32
+scalars, so a new temperature reuses the compiled program.
 
 Sampling strategies pick one token per row from ``logits [B,V]`` with ``sample(logits, rng)``:
 
@@ -17,11 +19,13 @@ Sampling strategies pick one token per row from ``logits [B,V]`` with ``sample(l
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _check_temperature(name: str, temperature) -> None:
@@ -139,9 +143,38 @@ class BeamSearch:
             )
 
     def length_penalty(self, length):
-        """GNMT ``((5 + length) / 6) ** alpha``."""
-        return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** self.alpha
+        """GNMT ``((5 + length) / 6) ** alpha``. ``alpha`` may be traced: the powers XLA
+        rewrites for a constant exponent (2: a product, 0.5: a square root) are taken the
+        same way, so a traced alpha gives the bits a constant one does."""
+        base = (5.0 + jnp.asarray(length, jnp.float32)) / 6.0
+        alpha = self.alpha
+        if isinstance(alpha, (int, float)):
+            return base**alpha
+        return jnp.where(
+            alpha == 2, base * base, jnp.where(alpha == 0.5, jnp.sqrt(base), base**alpha)
+        )
 
 
 SAMPLERS = (Greedy, Temperature, TopK, TopP)
 STRATEGIES = SAMPLERS + (BeamSearch,)
+
+# The float fields the jitted loop traces, and the value each takes in the static part.
+_TRACED = {"temperature": 1.0, "p": 1.0, "alpha": 0.0}
+
+
+def split_traced(strategy):
+    """``(static, values)``: ``strategy`` with its float fields (temperature, ``p``, ``alpha``)
+    set to fixed values, a hashable jit key (kind, ``k``, ``beam_size``), and those fields as
+    float32 scalars ``{name: []}`` to pass traced. :func:`bind_traced` joins them again."""
+    names = [f.name for f in dataclasses.fields(strategy) if f.name in _TRACED]
+    values = {name: np.float32(getattr(strategy, name)) for name in names}
+    return dataclasses.replace(strategy, **{name: _TRACED[name] for name in names}), values
+
+
+def bind_traced(static, values: dict):
+    """Inside the trace: ``static`` with its float fields set to the traced ``values``
+    (copied without ``__post_init__``, whose checks are for Python numbers)."""
+    bound = copy.copy(static)
+    for name, value in values.items():
+        object.__setattr__(bound, name, value)
+    return bound

@@ -40,7 +40,7 @@ from tfmjax.models.common import (
     token_positions,
 )
 from tfmjax.models.family import Family
-from tfmjax.models.prompts import FILL, left_pad_decoder_prompts, prompt_lengths
+from tfmjax.models.prompts import FILL, bucket, left_pad_decoder_prompts, prompt_lengths
 
 
 class DecoderOnly(Family, nn.Module):
@@ -168,14 +168,38 @@ class DecoderOnly(Family, nn.Module):
             )
 
     @nn.nowrap
-    def prompt_arrays(self, prompts: np.ndarray, lengths=None) -> tuple:
+    def prompt_arrays(self, prompts: np.ndarray, lengths=None, bucket_for: int | None = None):
         """Right-padded ``[B,P]`` of ``lengths`` (default: before ``model.pad_id``) ->
         left-padded ``(ids, positions, segment_ids)`` ``[B,P']``, behind BOS if
-        ``model.prompt_bos``."""
+        ``model.prompt_bos``. ``bucket_for=M``: ``P'`` padded further on the left to the next
+        power of two, at most ``model.max_len - M + 1`` (the cache then keeps within
+        ``max_len`` slots); unchanged under :attr:`equal_length_prompts`. More left padding
+        changes no position and no distance between slots (see
+        :mod:`tfmjax.models.prompts`)."""
         cfg = self.config
         lengths = prompt_lengths(prompts, cfg.pad_id) if lengths is None else lengths
         bos = cfg.bos_id if cfg.prompt_bos else None
-        return tuple(left_pad_decoder_prompts(prompts, lengths, bos)[:3])
+        width = None
+        if bucket_for is not None and not self.equal_length_prompts:
+            width = bucket(int(np.max(lengths)) + (bos is not None), cfg.max_len - bucket_for + 1)
+        return tuple(left_pad_decoder_prompts(prompts, lengths, bos, width)[:3])
+
+    @nn.nowrap
+    def crop_prompts(self, prompts: np.ndarray, lengths: np.ndarray, max_new_tokens: int):
+        """Rows longer than ``model.max_len - M`` keep their last tokens that fit:
+        ``(prompts [B,P''], lengths [B], dropped [B])``, ``dropped`` the tokens cut from the
+        front of each row. Nothing is cut when ``M`` alone fills the context
+        (:meth:`check_generation` then refuses)."""
+        room = self.config.max_len - max_new_tokens
+        if int(np.max(lengths)) <= room or room < 1:
+            return prompts, lengths, np.zeros_like(lengths)
+        cropped = np.full((prompts.shape[0], room), FILL, prompts.dtype)
+        if self.config.pad_id is not None:
+            cropped[:] = self.config.pad_id
+        for i, n in enumerate(lengths):
+            keep = min(int(n), room)
+            cropped[i, :keep] = prompts[i, n - keep : n]
+        return cropped, np.minimum(lengths, room).astype(np.int32), np.maximum(lengths - room, 0)
 
     @nn.nowrap
     def init_cache(self, batch: int, capacity: int) -> KVCache:

@@ -33,6 +33,7 @@ from tfmjax.models.common import (
     OutputHead,
     PositionExtras,
     draw_abacus_places,
+    encoder_block_config,
     init_self_attention_cache,
     make_stack,
     padding_segments,
@@ -42,7 +43,7 @@ from tfmjax.models.common import (
     token_positions,
 )
 from tfmjax.models.family import Family
-from tfmjax.models.prompts import prompt_lengths, segments_from_lengths
+from tfmjax.models.prompts import FILL, bucket, prompt_lengths, segments_from_lengths
 
 
 class EncoderDecoder(Family, nn.Module):
@@ -238,11 +239,19 @@ class EncoderDecoder(Family, nn.Module):
             )
 
     @nn.nowrap
-    def prompt_arrays(self, prompts: np.ndarray, lengths=None) -> tuple:
-        """The right-padded encoder inputs as they are and their segment ids from ``lengths``
-        (default: before ``model.pad_id``): ``(inputs [B,S], segment_ids [B,S])``."""
+    def prompt_arrays(self, prompts: np.ndarray, lengths=None, bucket_for: int | None = None):
+        """The right-padded encoder inputs and their segment ids from ``lengths`` (default:
+        before ``model.pad_id``): ``(inputs [B,S], segment_ids [B,S])``. ``bucket_for``
+        (``M``): ``S`` padded further on the right to the next power of two, at most
+        ``model.max_len`` (padding has segment id 0: no token attends to it); unchanged
+        for a Nystrom encoder, whose landmarks are means over the input's width."""
         lengths = prompt_lengths(prompts, self.config.pad_id) if lengths is None else lengths
-        return prompts, segments_from_lengths(lengths, prompts.shape[1])
+        width = prompts.shape[1]
+        if bucket_for is not None and encoder_block_config(self.config).attention != "nystrom":
+            width = bucket(width, self.config.max_len)
+        fill = FILL if self.config.pad_id is None else self.config.pad_id
+        inputs = np.pad(prompts, ((0, 0), (0, width - prompts.shape[1])), constant_values=fill)
+        return inputs, segments_from_lengths(lengths, width)
 
     @nn.nowrap
     def init_cache(self, batch: int, capacity: int) -> KVCache:

@@ -37,8 +37,14 @@ Evaluation on a task (host, NumPy)
 
 Generation with a KV cache (``M`` new tokens; :mod:`tfmjax.decode` drives these)
   ``check_generation(lengths, M)``     host: prompts of these lengths fit the positions
-  ``prompt_arrays(prompts, lengths)``  host: right-padded ``[B,P]`` of ``lengths [B]`` (None: up
-                                       to ``model.pad_id``) -> the arrays ``prefill`` takes
+  ``prompt_arrays(prompts, lengths, bucket_for=None)``  host: right-padded ``[B,P]`` of
+                                       ``lengths [B]`` (None: up to ``model.pad_id``) -> the
+                                       arrays ``prefill`` takes; ``bucket_for=M``: padded to a
+                                       width bucket (compiles once per bucket), where the
+                                       family can take the extra padding unchanged
+  ``crop_prompts(prompts, lengths, M)``  host: prompts too long for ``M`` new tokens cut to
+                                       the tokens that fit, and how many were dropped (a
+                                       family that cannot crop returns them as they are)
   ``init_cache(batch, capacity)``      an empty :class:`~tfmjax.models.cache.KVCache`
   ``kv_cache_bytes(batch, capacity)``  bytes of its keys and values
   ``layer_stacks()``                   ``{params collection: layers}`` of the layer stacks
@@ -161,6 +167,12 @@ class Family:
 
     def eval_answers(self, batch: dict, max_new_tokens: int):
         raise self._cannot("generate")
+
+    def crop_prompts(self, prompts: np.ndarray, lengths: np.ndarray, max_new_tokens: int):
+        """``(prompts, lengths, dropped [B])``: the default keeps every prompt whole (nothing
+        dropped), and :meth:`check_generation` refuses those that do not fit."""
+        del max_new_tokens
+        return prompts, lengths, np.zeros_like(lengths)
 
     def check_task_padding(self, pad_id: int) -> None:
         """Task batches (:mod:`tfmjax.data.batching`) pad with ``pad_id``: a ValueError (one

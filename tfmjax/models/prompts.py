@@ -136,14 +136,23 @@ def segments_from_lengths(lengths: np.ndarray, width: int) -> np.ndarray:
     return (np.arange(width)[None, :] < np.asarray(lengths)[:, None]).astype(np.int32)
 
 
+def bucket(width: int, cap: int) -> int:
+    """The next power of two ``>= width``, at most ``cap`` (and never below ``width``): the
+    width generation pads prompts to, so prompts of nearby lengths share one compiled program
+    (a session's prompt lengths then compile about ``log2(max_len)`` programs at most)."""
+    return max(width, min(1 << max(width - 1, 0).bit_length(), cap))
+
+
 def left_pad_decoder_prompts(
-    arr: np.ndarray, lengths: np.ndarray, bos_id: int | None
+    arr: np.ndarray, lengths: np.ndarray, bos_id: int | None, width: int | None = None
 ) -> DecoderPrompt:
     """Right-padded prompts ``[B,P]`` of ``lengths`` -> :class:`DecoderPrompt` of width
-    ``P' = max length (+ 1 for BOS)``; ``bos_id`` None: no BOS, the prompts as they are."""
+    ``P' = max length (+ 1 for BOS)``, or ``width`` if wider (more left padding: positions and
+    slot distances of the tokens stay the same); ``bos_id`` None: no BOS, the prompts as they
+    are."""
     lengths = np.asarray(lengths, np.int32)
     extra = 0 if bos_id is None else 1
-    B, width = arr.shape[0], int(lengths.max()) + extra
+    B, width = arr.shape[0], max(int(lengths.max()) + extra, width or 0)
     ids = np.full((B, width), FILL, np.int32)
     positions = np.zeros((B, width), np.int32)
     segment_ids = np.zeros((B, width), np.int32)
