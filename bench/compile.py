@@ -25,7 +25,6 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train as bench_train  # noqa: E402  (bench/train.py: the shapes and their batches)
-
 from tfmjax.models import build  # noqa: E402
 from tfmjax.train.fused_adamw import FusedAdamW  # noqa: E402
 from tfmjax.train.optimizer import make_optimizer  # noqa: E402
