@@ -10,6 +10,7 @@ import pytest
 from tfmjax.decode import BeamSearch, Greedy, Temperature, TopP, generate
 from tfmjax.decode.api import _generate_jit
 from tfmjax.decode.strategies import bind_traced, split_traced
+from tfmjax.kernels.dispatch import BLOCKWISE_MIN_LEN_CPU, choose_impl
 from tfmjax.models.prompts import bucket
 
 PROMPTS = [[5, 6, 7, 3], [8, 3], [9, 10, 11, 12, 13, 3]]  # width 7 with BOS: bucket 8
@@ -23,6 +24,11 @@ def _np(out):
 def test_bucket_is_next_power_of_two_within_the_cap():
     assert [bucket(w, 29) for w in (1, 2, 3, 5, 8, 9, 17, 29)] == [1, 2, 4, 8, 8, 16, 29, 29]
     assert bucket(30, 29) == 30  # never narrower than the prompt
+    # nor across a length where "auto" switches kernel (the CPU's blockwise from 512)
+    limit = BLOCKWISE_MIN_LEN_CPU
+    assert bucket(limit // 2 + 44, 4096) == limit - 1
+    assert choose_impl("auto", q_len=limit - 1, kv_len=4096, backend="cpu") == "xla"
+    assert bucket(limit + 1, 4096) == 2 * limit
 
 
 def test_interactive_session_compiles_at_most_two_programs(tiny):

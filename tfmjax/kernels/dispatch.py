@@ -120,6 +120,15 @@ def choose_impl(
     return name
 
 
+def same_choice_limit(length: int) -> int:
+    """The longest length that "auto" resolves as it does ``length`` on every platform of
+    :data:`AUTO_TABLE` (a length that pads a shorter one to share its program, as
+    generation's prompt buckets do, must not switch implementation: another kernel rounds
+    otherwise). ``math.inf`` beyond the last row."""
+    starts = sorted({start for rows in AUTO_TABLE.values() for start, _ in rows if start > length})
+    return starts[0] - 1 if starts else math.inf
+
+
 def _table_choice(platform: str, length: int) -> str:
     rows = AUTO_TABLE.get(platform, AUTO_TABLE["cpu"])
     return [name for start, name in rows if start <= length][-1]

@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfmjax.kernels.dispatch import same_choice_limit
+
 FILL = 0  # what fills padded slots: any id will do, segment ids 0 hide them
 
 
@@ -139,7 +141,11 @@ def segments_from_lengths(lengths: np.ndarray, width: int) -> np.ndarray:
 def bucket(width: int, cap: int) -> int:
     """The next power of two ``>= width``, at most ``cap`` (and never below ``width``): the
     width generation pads prompts to, so prompts of nearby lengths share one compiled program
-    (a session's prompt lengths then compile about ``log2(max_len)`` programs at most)."""
+    (a session's prompt lengths then compile about ``log2(max_len)`` programs at most). Nor
+    past a length where ``attention_impl="auto"`` picks another kernel (on the CPU, the
+    blockwise kernel from 512: a 300-token prompt pads to 511, not 512), so that padding
+    never changes which kernel computes the prompt."""
+    cap = min(cap, same_choice_limit(width))
     return max(width, min(1 << max(width - 1, 0).bit_length(), cap))
 
 
