@@ -17,6 +17,10 @@ the task's sampling (top-k and temperature of ``data.task_params``), and it prin
 new tokens as the task's ``sample_tokens`` (or ``--max-new-tokens``), sliding the context
 window on once ``model.max_len`` is full.
 
+An input longer than the model's context keeps its last tokens (those that leave room for
+the new ones; a text task's: the window's last half), and one line on stderr says how many
+were dropped; ``--no-crop`` refuses it instead. Encoder inputs are never cropped.
+
 Mesh: the params are restored directly onto a device mesh, each device reading only its
 own shards, and decoded there; by default the checkpoint's own mesh fitted to the devices
 present (one line on stderr names the mesh whenever it is not the checkpoint's own).
@@ -93,13 +97,16 @@ def generate_texts(
     *,
     task=None,
     text=None,
+    crop: bool = True,
 ) -> list[str]:
     """What the model writes after each of ``texts``, for every source: one path from text
     to ids (:func:`prompt_ids`) to new ids (:func:`new_ids`) to text (``tokenizer.decode``,
     the model's EOS left out). ``task``: a toy task answering its inputs (the caller applies
     ``task.canonical_input``), greedy, by default its longest answer + EOS. ``text``: a text
     task's ``TextParams``: its top-k sampling and ``sample_tokens`` by default, each text
-    continued on its own. Neither: an imported model's text, greedy, 16 tokens by default."""
+    continued on its own. Neither: an imported model's text, greedy, 16 tokens by default.
+    ``crop``: a prompt too long for the model keeps its last tokens, with one line on stderr
+    (False: refused); see :func:`new_ids`."""
     from tfmjax.decode import Greedy, TopK
     from tfmjax.models import build
 
@@ -112,25 +119,40 @@ def generate_texts(
         max_new_tokens = max_new_tokens or task.max_target_len("eval") + 1
     rows = new_ids(
         model, params, prompts, strategy or Greedy(), max_new_tokens or 16, seed,
-        slide=task is None, apart=text is not None,
+        slide=task is None, apart=text is not None, crop=crop,
     )  # fmt: skip
     eos = model_config.eos_id
     return [tokenizer.decode(row[: row.index(eos)] if eos in row else row) for row in rows]
 
 
-def new_ids(model, params, prompts, strategy, max_new_tokens: int, seed: int, *, slide, apart):
+def new_ids(
+    model, params, prompts, strategy, max_new_tokens: int, seed: int, *, slide, apart, crop=True
+):
     """The new ids of each prompt (up to and including the model's EOS): one batch sampled
     with ``seed``; or each prompt on its own with ``fold_in(key(seed), i)``, ``apart`` or
-    (``slide``) when a prompt and its new ids pass ``model.max_len``: :func:`continue_text`."""
+    (``slide``) when a prompt and its new ids pass ``model.max_len``: :func:`continue_text`.
+    ``crop``: a prompt that fills the context keeps its last tokens, as the sliding window
+    does (``slide``), or as many as leave room for ``max_new_tokens`` (the batch, by
+    :func:`~tfmjax.decode.generate`), one line on stderr saying how many were dropped;
+    False: refused (ValueError, one line)."""
     import jax
 
     from tfmjax.decode import generate
 
     longest, max_len = max(len(p) for p in prompts), model.config.max_len
-    if slide:
+    if slide and not crop:
         _check_prompt_fits(longest, max_len)
+    elif slide and longest >= max_len:
+        keep = max(max_len // 2, 1)  # what continue_text's window keeps
+        print(
+            f"warning: dropped the first {longest - keep} of the longest input's {longest} "
+            f"tokens: it fills the model's model.max_len={max_len} positions, and the "
+            f"window keeps the last {keep} (--no-crop refuses instead)",
+            file=sys.stderr,
+        )
     if not apart and not (slide and longest + max_new_tokens > max_len):
-        return rows_of(generate(model, params, prompts, strategy, max_new_tokens, rng=seed))
+        out = generate(model, params, prompts, strategy, max_new_tokens, rng=seed, crop=crop)
+        return rows_of(out)
     rng = jax.random.key(seed)
     return [
         continue_text(model, params, p, strategy, max_new_tokens, jax.random.fold_in(rng, i))
@@ -178,6 +200,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="default: the task's longest eval target + 1 (EOS)",
+    )
+    parser.add_argument(
+        "--no-crop",
+        action="store_true",
+        help="refuse an input longer than the model's context (default: keep its last "
+        "tokens that leave room for the new ones, saying how many were dropped)",
     )
     from tfmjax.checkpoint import data_origin
     from tfmjax.decode.options import add_decode_arguments
@@ -278,7 +306,7 @@ def _run(args) -> int:
                 _say(line, sys.stderr)
             news = generate_texts(
                 experiment.model, params, tokenizer, inputs, strategy, args.max_new_tokens,
-                args.seed, task=task, text=text,
+                args.seed, task=task, text=text, crop=not args.no_crop,
             )  # fmt: skip
     except (ValueError, CheckpointError) as err:
         return fail(f"{tag()}error: {err}", 2)  # after a lost peer's line, if one was lost
@@ -364,7 +392,8 @@ def _generate_ids(model_config: ModelConfig, params, args, strategy) -> int:
     if not all(prompts):
         raise ValueError('--ids is empty: give space-separated token ids, e.g. "464 3290"')
     model, max_new = build(model_config), args.max_new_tokens or 16
-    out = generate(model, params, prompts, strategy or Greedy(), max_new, rng=args.seed)
+    crop = not args.no_crop
+    out = generate(model, params, prompts, strategy or Greedy(), max_new, rng=args.seed, crop=crop)
     for text, row in zip(args.ids, rows_of(out), strict=True):
         _say(f"{text} -> {' '.join(map(str, row))}")
     return 0

@@ -181,3 +181,23 @@ def test_every_source_goes_through_one_text_path(monkeypatch, tmp_path):
     assert len(calls) == 3
     assert [c[1] for c in calls] == [Greedy(), TopK(3, 0.5), Greedy()]
     assert [c[2] for c in calls] == [task.max_target_len("eval") + 1, 7, 16]
+
+
+def test_cli_crops_ids_longer_than_the_context_unless_no_crop(setup, workdir, capsys):
+    """``--ids`` longer than the model's context: the last ids that leave room for the new
+    ones are continued, one warning line says how many were dropped, and the answer is what
+    those last ids alone give; ``--no-crop`` refuses in one line (exit 2)."""
+    _, model, _ = setup
+    max_len, new = model.config.max_len, 3
+    ids = [5 + i % 4 for i in range(max_len + 2)]
+    text = " ".join(map(str, ids))
+    assert main([str(workdir), "--ids", text, "--max-new-tokens", str(new)]) == 0
+    out, err = capsys.readouterr()
+    kept = ids[-(max_len - new) :]
+    assert err.startswith(f"warning: dropped the first {len(ids) - len(kept)} token(s)")
+    assert len(err.splitlines()) == 1
+    assert main([str(workdir), "--ids", " ".join(map(str, kept)), "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.split(" -> ")[1] == out.split(" -> ")[1]
+    assert main([str(workdir), "--ids", text, "--max-new-tokens", str(new), "--no-crop"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err

@@ -122,7 +122,13 @@ def test_checkpoint_carries_the_tokenizer_into_eval_and_generate(lm_run, capsys)
     assert generate_main([str(workdir), "--input", "caf\u00e9"]) == 2
     err = capsys.readouterr().err
     assert "character '\u00e9' is not in the tokenizer" in err and len(err.splitlines()) == 1
-    assert generate_main([str(workdir), "--input", "x" * 32]) == 2
+    # an input that fills the context: cropped to the window's last half, or (--no-crop) refused
+    assert generate_main([str(workdir), "--input", "x" * 32, "--max-new-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("x" * 32) and len(out.rstrip("\n")) > 32
+    assert err.startswith("warning: dropped the first 16 of the longest input's 32 tokens")
+    assert len(err.splitlines()) == 1
+    assert generate_main([str(workdir), "--input", "x" * 32, "--no-crop"]) == 2
     assert "fill the model's model.max_len=32" in capsys.readouterr().err
 
 
