@@ -9,8 +9,8 @@ optimizers alternating, a fresh jit each round): the seconds to trace and lower 
 the seconds XLA compiles it (wall and this process's CPU time, the figure to trust on a
 busy machine), the kernels it runs (the top-level instructions of the optimized module's
 entry computation other than parameters, constants, tuples and bitcasts: one thunk each on
-the CPU), and the milliseconds a step takes (median of ``--steps`` after the first). Ratios
-are optax / fused of the medians over rounds.
+the CPU); then the milliseconds a step takes, the two compiled steps timed in ``--steps``
+interleaved runs of 5 steps (medians). Ratios are optax / fused of the medians.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train as bench_train  # noqa: E402  (bench/train.py: the shapes and their batches)
 from tfmjax.models import build  # noqa: E402
-from tfmjax.train.fused_adamw import FusedAdamW  # noqa: E402
-from tfmjax.train.optimizer import make_optimizer  # noqa: E402
 from tfmjax.train.state import create_state  # noqa: E402
 from tfmjax.train.step import make_train_step  # noqa: E402
 
-OPTIMIZERS = {"optax": make_optimizer, "fused": FusedAdamW}
+OPTIMIZERS = ("optax", "fused")
 NOT_KERNELS = ("parameter(", "constant(", "get-tuple-element(", "tuple(", "bitcast(")
 
 
@@ -43,17 +41,11 @@ def kernels(compiled) -> int:
     return sum(1 for line in lines if not any(k in line for k in NOT_KERNELS))
 
 
-def measure(spec: dict, optimizer: str, steps: int) -> dict:
+def measure(spec: dict, optimizer: str) -> tuple[dict, object, object, dict]:
+    """``(figures, compiled step, state, batch)`` of one fresh trace and compile."""
     cfg, o = spec["config"], spec["optim"]
     batch = bench_train.random_batch(cfg, spec["batch"], spec["src"], spec["tgt"])
-    tx = OPTIMIZERS[optimizer](
-        schedule=o.learning_rate,
-        weight_decay=o.weight_decay,
-        b1=o.b1,
-        b2=o.b2,
-        eps=o.eps,
-        clip_norm=o.clip_norm,
-    )
+    tx = bench_train.optimizer(o, fused=optimizer == "fused")
     state = create_state(build(cfg), tx, batch, seed=0)
     step = make_train_step(build(cfg, deterministic=False), tx, lambda s: o.learning_rate)
     begin = time.perf_counter()
@@ -61,21 +53,26 @@ def measure(spec: dict, optimizer: str, steps: int) -> dict:
     traced = time.perf_counter()
     cpu = time.process_time()
     compiled = lowered.compile()
-    out = {
+    figures = {
         "trace_s": traced - begin,
         "compile_s": time.perf_counter() - traced,
         "compile_cpu_s": time.process_time() - cpu,
         "kernels": kernels(compiled),
     }
-    state, _ = compiled(state, batch)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        state, metrics = compiled(state, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
-    out["step_ms"] = statistics.median(times) * 1e3
-    return out
+    return figures, compiled, state, batch
+
+
+def step_times(steps: dict, states: dict, batches: dict, rounds: int, n: int) -> dict:
+    """Milliseconds a step, per optimizer: medians of ``rounds`` interleaved runs of ``n``."""
+    times = {k: [] for k in steps}
+    for r in range(rounds):
+        for name in list(steps)[r % 2 :] + list(steps)[: r % 2]:
+            start = time.perf_counter()
+            for _ in range(n):
+                states[name], metrics = steps[name](states[name], batches[name])
+            jax.block_until_ready(metrics)
+            times[name].append((time.perf_counter() - start) / n * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main(argv=None) -> int:
@@ -92,11 +89,18 @@ def main(argv=None) -> int:
     for name in args.only:
         spec = bench_train.SHAPES[name]
         runs = {k: [] for k in OPTIMIZERS}
+        steps, states, batches = {}, {}, {}
         for r in range(args.rounds):
-            order = list(OPTIMIZERS) if r % 2 == 0 else list(OPTIMIZERS)[::-1]
-            for optimizer in order:
-                runs[optimizer].append(measure(spec, optimizer, args.steps))
-        med = {k: {f: statistics.median(m[f] for m in v) for f in fields} for k, v in runs.items()}
+            for optimizer in OPTIMIZERS[r % 2 :] + OPTIMIZERS[: r % 2]:
+                figures, steps[optimizer], states[optimizer], batches[optimizer] = measure(
+                    spec, optimizer
+                )
+                runs[optimizer].append(figures)
+        med = {
+            k: {f: statistics.median(m[f] for m in v) for f in fields[:-1]} for k, v in runs.items()
+        }
+        for optimizer, ms in step_times(steps, states, batches, args.steps, 5).items():
+            med[optimizer]["step_ms"] = ms
         for optimizer in OPTIMIZERS:
             cells = "".join(f"{med[optimizer][f]:>15.3f}" for f in fields)
             print(f"{name:<18} {optimizer:<9}{cells}")

@@ -12,6 +12,8 @@ Variants, joined with "+" (e.g. ``unroll+flat``):
   base       the step as tfmjax builds it
   nofold     dense layers and tied logits as 3-D dot_generals (before folding to 2-D)
   flat       ``optax.flatten`` around the optimizer (one flat vector for the update)
+  optax      Optax's per-leaf clip + AdamW (``make_optimizer``), what a mesh run uses; the
+             base step is a one-device run's, ``tfmjax.train.fused_adamw.FusedAdamW``
   scanloop   the scanned layers as a loop (a stack of up to UNROLL_MAX_LAYERS is unrolled)
   unroll     ``model.scan_layers=false``; ``remat``: ``model.remat=true``
   blockwise, reference   ``model.attention_impl`` (the default picks xla at T=64)
@@ -111,13 +113,16 @@ class HeadMajorNumpy:
         return jnp.einsum(spec, a, b, preferred_element_type=preferred_element_type)
 
 
+OPTIMIZERS = ("base", "flat", "optax")
+
+
 def compile_variant(name: str, spec: dict, batch: dict):
     """``(compiled step, state)`` of one variant."""
     parts = name.split("+")
     unknown = [
         p
         for p in parts
-        if p not in (*MODEL, *OPTIONS, "base", "flat", "nofold", "scanloop", "headmajor", "halves")
+        if p not in (*MODEL, *OPTIONS, *OPTIMIZERS, "nofold", "scanloop", "headmajor", "halves")
     ]
     if unknown:
         raise SystemExit(f"unknown variant part {unknown[0]!r}; see --help")
@@ -125,6 +130,8 @@ def compile_variant(name: str, spec: dict, batch: dict):
     options = {k: v for p in parts for k, v in OPTIONS.get(p, {}).items()}
     cfg = dataclasses.replace(spec["config"], **model_kw)
     tx = bench_train.optimizer(spec["optim"])
+    if "optax" in parts:
+        tx = bench_train.optimizer(spec["optim"], fused=False)
     if "flat" in parts:
         tx = optax.flatten(tx)
     lr = spec["optim"].learning_rate

@@ -72,6 +72,7 @@ import numpy as np  # noqa: E402
 from tfmjax.config import ModelConfig, OptimConfig  # noqa: E402
 from tfmjax.config import load as load_config  # noqa: E402
 from tfmjax.models import build, get_preset  # noqa: E402
+from tfmjax.train.fused_adamw import FusedAdamW  # noqa: E402
 from tfmjax.train.optimizer import make_optimizer  # noqa: E402
 from tfmjax.train.run import build_run  # noqa: E402
 from tfmjax.train.state import create_state  # noqa: E402
@@ -196,9 +197,11 @@ def matmul_gflops(repeats: int) -> tuple[float, float]:
     return flops / statistics.median(times) / 1e9, flops / min(times) / 1e9
 
 
-def optimizer(o: OptimConfig):
-    """The config's clipping + AdamW at a constant learning rate (a schedule costs ~nothing)."""
-    return make_optimizer(
+def optimizer(o: OptimConfig, fused: bool = True):
+    """The config's clipping + AdamW at a constant learning rate (a schedule costs ~nothing):
+    as a one-device run has it (``FusedAdamW``), or (``fused=False``) Optax's per leaf, as a
+    run on a mesh has it."""
+    return (FusedAdamW if fused else make_optimizer)(
         schedule=o.learning_rate,
         weight_decay=o.weight_decay,
         b1=o.b1,
