@@ -8,6 +8,8 @@ some elementwise operations (the divisions) differently for a buffer of another 
 few bits: measured up to 3 ulps (relative 2.3e-7). The state layout checkpoints hold is
 Optax's own, exactly."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +27,7 @@ from tfmjax.train.step import make_train_step
 TASK = make_task("copy", num_symbols=5, max_len=5)
 
 
+@functools.cache
 def params_and_grads(steps=3):
     """A tiny decoder's params (matrices that decay, norms and embeddings that don't) with a
     bf16 leaf among them, and ``steps`` random gradient trees of norm around 1-10."""
@@ -32,7 +35,7 @@ def params_and_grads(steps=3):
         family="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_layers=1
     )
     batch = make_batch(TASK, batch_size=2, seed=0, step=0, batch_format="prompt_answer")
-    params = build(cfg).init(jax.random.key(0), batch)
+    params = jax.jit(build(cfg).init)(jax.random.key(0), batch)
     leaves, treedef = jax.tree.flatten(params)
     leaves[0] = leaves[0].astype(jnp.bfloat16)  # a second dtype: its own group
     params = jax.tree.unflatten(treedef, leaves)
@@ -45,10 +48,10 @@ def params_and_grads(steps=3):
 
 
 def run(tx, params, grads):
-    state = tx.init(params)
+    state, update = tx.init(params), jax.jit(tx.update)
     updates = []
     for g in grads:
-        u, state = jax.jit(tx.update)(g, state, params)
+        u, state = update(g, state, params)
         params = optax.apply_updates(params, u)
         updates.append(u)
     return params, state, updates
