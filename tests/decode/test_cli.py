@@ -157,7 +157,8 @@ def test_every_source_goes_through_one_text_path(monkeypatch, tmp_path):
     spec.loader.exec_module(hf)
     calls = []
 
-    def new_ids(model, params, prompts, strategy, max_new, seed, *, slide, apart):
+    def new_ids(model, params, prompts, strategy, max_new, seed, *, slide, apart, crop):
+        assert crop  # the default
         calls.append((prompts, strategy, max_new, slide, apart))
         return [[*p[-2:], EOS_ID, *p[:2]] for p in prompts]  # text after the EOS is cut
 
