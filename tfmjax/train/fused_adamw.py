@@ -25,6 +25,7 @@ Shapes: ``N_g`` is the total size of group ``g``'s leaves; ``mu``, ``nu``: ``[N_
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, NamedTuple
 
 import jax
@@ -84,26 +85,15 @@ class FusedAdamW:
     arguments (an ``optax.GradientTransformation``: ``init``, ``update``); ``saved`` is that
     Optax optimizer, whose state layout checkpoints hold."""
 
-    def __init__(
-        self,
-        *,
-        schedule: optax.ScalarOrSchedule,
-        weight_decay: float = 0.0,
-        b1: float = 0.9,
-        b2: float = 0.98,
-        eps: float = 1e-9,
-        clip_norm: float | None = 1.0,
-    ):
-        self.saved = make_optimizer(  # checks every argument, one line each
-            schedule=schedule,
-            weight_decay=weight_decay,
-            b1=b1,
-            b2=b2,
-            eps=eps,
-            clip_norm=clip_norm,
-        )
-        self.schedule, self.weight_decay = schedule, weight_decay
-        self.b1, self.b2, self.eps, self.clip_norm = b1, b2, eps, clip_norm
+    def __init__(self, **settings):
+        """``settings``: :func:`make_optimizer`'s keywords (``schedule``, ``weight_decay``,
+        ``b1``, ``b2``, ``eps``, ``clip_norm``), its defaults for those not given."""
+        self.saved = make_optimizer(**settings)  # checks every setting, one line each
+        bound = inspect.signature(make_optimizer).bind(**settings)
+        bound.apply_defaults()
+        s = bound.arguments
+        self.schedule, self.weight_decay = s["schedule"], s["weight_decay"]
+        self.b1, self.b2, self.eps, self.clip_norm = s["b1"], s["b2"], s["eps"], s["clip_norm"]
         # jitted once per optimizer (slices and concatenations, no arithmetic)
         self.to_saved = jax.jit(self._to_saved)
         self.from_saved = jax.jit(self._from_saved)
