@@ -70,7 +70,7 @@ def test_a_checkpoint_saved_before_the_evaluation_capacity_keeps_its_capacity(
     from tfmjax.checkpoint import Checkpointer, load_config
     from tfmjax.config import from_dict, load
     from tfmjax.train.run import build_run
-    from tfmjax.train.state import create_state
+    from tfmjax.train.state import create_state, to_saved
 
     overrides = [
         "model.preset=tiny-switch",
@@ -85,7 +85,7 @@ def test_a_checkpoint_saved_before_the_evaluation_capacity_keeps_its_capacity(
     old = experiment.to_dict()
     del old["model"]["moe_eval_capacity_factor"], old["model"]["nystrom_conv"]
     with Checkpointer(tmp_path) as ckpt:
-        ckpt.save(2, state, config=old)
+        ckpt.save(2, to_saved(state, run.tx), config=old)  # as the train loop saves it
 
     saved = from_dict(load_config(tmp_path))
     assert saved.model.moe_eval_capacity_factor is None
