@@ -11,7 +11,8 @@ a shared machine. docs/cpu_speed.md records the figures.
 Variants, joined with "+" (e.g. ``unroll+flat``):
   base       the step as tfmjax builds it
   nofold     dense layers and tied logits as 3-D dot_generals (before folding to 2-D)
-  flat       ``optax.flatten`` around the optimizer (one flat vector for the update)
+  flat       ``optax.flatten`` around the optimizer (one flat vector for the update; the
+             weight-decay mask then sees one 1-D vector, so nothing decays)
   optax      Optax's per-leaf clip + AdamW (``make_optimizer``), what a mesh run uses; the
              base step is a one-device run's, ``tfmjax.train.fused_adamw.FusedAdamW``
   scanloop   the scanned layers as a loop (a stack of up to UNROLL_MAX_LAYERS is unrolled)
