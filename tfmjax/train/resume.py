@@ -168,7 +168,9 @@ def restore(run: Run, ckpt: Checkpointer, sample: dict, override: bool):
     the config changes this resume applies (see :func:`check_resume`)."""
     exp = run.experiment
     saved_tx = saved_optimizer(run.tx)  # checkpoints hold its layout
-    shardings = state_shardings(run.model, saved_tx, sample, exp.train.seed, run.placement)
+    shardings = run.state_shardings
+    if saved_tx is not run.tx:  # one device: the fused optimizer's state is laid out apart
+        shardings = state_shardings(run.model, saved_tx, sample, exp.train.seed, run.placement)
     target = abstract_state(run.model, saved_tx, sample, exp.train.seed, shardings)
     latest = ckpt.latest_step()
     if latest is None:
