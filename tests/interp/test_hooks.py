@@ -34,8 +34,11 @@ def test_names_follow_transformer_lens_with_stack_prefixes(rows, tiny):
     assert shapes["decoder.blocks.1.hook_resid_mid_cross"] == (B, T, D)
     assert shapes["decoder.blocks.1.attn.hook_z"] == (B, T, N, H)
     assert shapes["decoder.blocks.0.mlp.hook_post"] == (B, T, model.config.d_ff)
-    assert shapes["ln_final.hook_scale"] == (B, T, 1)
-    assert "encoder.ln_final.hook_scale" in shapes
+    assert shapes["decoder.ln_final.hook_scale"] == (B, T, 1)
+    assert shapes["encoder.ln_final.hook_normalized"] == (B, T, D)
+    assert shapes["encoder.blocks.0.attn.hook_attn_scores"] == (B, N, T, T)
+    assert shapes["decoder.blocks.1.attn.hook_q_input"] == (B, T, N, D)
+    assert shapes["encoder.blocks.1.hook_mlp_in"] == (B, T, D)
     assert not any("layer_" in n or "layers" in n for n in shapes)
 
 
@@ -56,6 +59,7 @@ def test_hooks_cost_nothing_when_off(rows, tiny, family, monkeypatch):
     monkeypatch.setattr("tfmjax.models.common.hook", lambda m, n, x: x)
     monkeypatch.setattr("tfmjax.models.encoder_decoder.hook", lambda m, n, x: x)
     monkeypatch.setattr(hooks, "wanted", lambda m, n: False)
+    monkeypatch.setattr("tfmjax.layers.blocks.wanted", lambda m, n: False)
     monkeypatch.setattr(attention_module, "hook", lambda m, n, x: x)
     assert _lowered(model, params, batch) == with_hooks
 
@@ -88,8 +92,10 @@ def test_cache_is_the_models_own_computation(rows, tiny, family, overrides):
                     cache[f"{block}.hook_resid_post"],
                     cache[f"{stack}.blocks.{l + 1}.hook_resid_pre"],
                 )
-            # The pattern is softmax(q k / sqrt(H)) under the family's mask, from q and k.
-            q, k = cache[f"{block}.attn.hook_q"], cache[f"{block}.attn.hook_k"]
+            # The pattern is softmax(q k / sqrt(H)) under the family's mask, from q and k
+            # (after RoPE: TransformerLens's hook_rot_q and hook_rot_k).
+            rotated = "rot_" if cfg.position == "rope" else ""
+            q, k = cache[f"{block}.attn.hook_{rotated}q"], cache[f"{block}.attn.hook_{rotated}k"]
             pattern = cache[f"{block}.attn.hook_pattern"]
             np.testing.assert_allclose(jnp.sum(pattern, -1), 1.0, rtol=1e-5)
             if stack == "decoder":
@@ -144,13 +150,15 @@ def test_patching_with_the_clean_cache_gives_the_clean_logits_exactly(rows, tiny
     # Everything the output reads without rerouting: residuals, embeddings, q/k/v, z, MLP.
     # Op by op, so that the cache and the patched run round alike (a compiled program may
     # fuse an activation into two consumers and round it differently in each).
-    rerouting = ("hook_pattern", "hook_result")
+    rerouting = ("hook_pattern", "hook_attn_scores", "hook_result")
+    rerouting += ("hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
     with jax.disable_jit():
         clean_logits, clean = run_with_cache(model, params, batch)
         edits = {n: replace(clean[n]) for n in clean.names() if not n.endswith(rerouting)}
         patched, _ = run_with_patches(model, params, batch, edits)
     np.testing.assert_array_equal(patched, clean_logits)
-    # Patterns and per-head results reroute the output through them: equal within float error.
+    # Scores, patterns, per-head results and inputs reroute the output through them: equal
+    # within float error.
     edits = {n: replace(clean[n]) for n in clean.names() if n.endswith(rerouting)}
     patched, _ = run_with_patches(model, params, batch, edits)
     np.testing.assert_allclose(patched, clean_logits, rtol=1e-5, atol=1e-5)

@@ -5,6 +5,9 @@
   ``encoder.``/``decoder.`` prefix).
 - :mod:`~tfmjax.interp.patching`: activation-patching sweeps that compile once, attribution
   patching, metrics.
+- :mod:`~tfmjax.interp.lens`: TransformerLens's cache helpers and short names
+  (``cache["pattern", 0]``, ``cache.decompose_resid()``, ...); :mod:`~tfmjax.interp.folding`:
+  the final norm folded into the unembedding, as TransformerLens's ``fold_ln`` does.
 - :mod:`~tfmjax.interp.attribution`: direct logit attribution.
 - :mod:`~tfmjax.interp.circuits`: QK/OV circuits as factored matrices, copying and
   composition scores.
@@ -15,6 +18,7 @@
 """
 
 from tfmjax.interp.attribution import logit_attribution, residual_parts
+from tfmjax.interp.folding import fold_final_norm
 from tfmjax.interp.heads import head_scores
 from tfmjax.interp.hooked import (
     ActivationCache,
@@ -30,6 +34,7 @@ __all__ = [
     "ActivationCache",
     "PatchSweep",
     "attribution_patch",
+    "fold_final_norm",
     "head_scores",
     "hook_shapes",
     "logit_attribution",

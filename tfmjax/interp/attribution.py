@@ -3,11 +3,12 @@
 In a pre-norm model the final residual stream is a sum of parts: the token (and position)
 embedding, each attention head's output ``hook_result``, each attention output bias, each
 MLP output (and, in an encoder-decoder's decoder, each cross-attention head). The final norm
-is linear once its scale is frozen from the cache:
+is linear once its scale ``s`` (``ln_final.hook_scale``, the denominator) is frozen from the
+cache:
 
-    LayerNorm:  y = (x − mean(x)) · s · γ + β        RMSNorm:  y = x · s · γ
+    LayerNorm:  y = (x − mean(x)) / s · γ + β        RMSNorm:  y = x / s · γ
 
-so ``logits = Σ_c unembed((c − mean(c)) · s · γ) + unembed(β) + output bias``: each part's
+so ``logits = Σ_c unembed((c − mean(c)) / s · γ) + unembed(β) + output bias``: each part's
 direct contribution to the logits, which add up to the logits exactly (up to float error).
 """
 
@@ -71,18 +72,23 @@ def logit_attribution(model, params, cache: ActivationCache, tokens=None, stack=
     Summed over ``C`` they equal the logits (the cache must come from this model's run).
     """
     cfg = model.config
+    if stack != model.head_stack:
+        raise ValueError(
+            "direct logit attribution reads the stack the output head reads "
+            f"({model.head_stack!r}), not {stack!r}"
+        )
     model, params = prepare(model, params)
     parts = residual_parts(model, cache, stack)
     _, W_U = embedding_matrices(model, params)  # [D,V]
     norm = params["params"]["head"]["final_norm"]
-    scale = cache["ln_final.hook_scale"].astype(jnp.float32)  # [B,T,1]
+    inverse = 1.0 / cache[f"{stack}.ln_final.hook_scale"].astype(jnp.float32)  # [B,T,1]
     gamma = norm["scale"].astype(jnp.float32).reshape(1, 1, -1)
 
     def through_norm(x):
         x = x.astype(jnp.float32)
         if cfg.norm == "layernorm":
             x = x - jnp.mean(x, axis=-1, keepdims=True)
-        return x * scale * gamma
+        return x * inverse * gamma
 
     names = list(parts)
     ys = [through_norm(parts[n]) for n in names]

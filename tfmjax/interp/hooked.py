@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 import jax
 import jax.numpy as jnp
 
+from tfmjax.interp.lens import TransformerLensHelpers
+from tfmjax.interp.names import act_name, canonical
 from tfmjax.layers.hooks import COLLECTION, hooks_active
 
 Edits = Mapping[str, Callable]
@@ -40,14 +42,22 @@ def prepare(model, params):
 
 
 @jax.tree_util.register_pytree_node_class
-class ActivationCache(Mapping):
+class ActivationCache(TransformerLensHelpers, Mapping):
     """Activations by full hook name, read as ``cache[name]`` (a suffix that picks one name
-    is enough, for ``in`` too). A read-only mapping over the full names, sorted (``keys``,
+    is enough, for ``in`` too), or by TransformerLens's short names: ``cache["pattern", 0]``,
+    ``cache["resid_pre", -1]``, ``cache["embed"]``, ``cache["scale4ln1"]``
+    (:mod:`tfmjax.interp.names`). A read-only mapping over the full names, sorted (``keys``,
     ``items``, ``values``, ``len``, iteration, ``get``), and a pytree, so it can be returned
-    from and passed into jitted functions."""
+    from and passed into jitted functions. TransformerLens's helpers are its methods
+    (:mod:`tfmjax.interp.lens`); they need the ``model`` and ``params`` it is bound to."""
 
-    def __init__(self, activations: Mapping):
+    def __init__(self, activations: Mapping, model=None, params=None):
         self.activations = dict(activations)
+        self.model, self.params = model, params
+
+    def bind(self, model, params) -> ActivationCache:
+        """This cache bound to the model (and params) it came from, for the helpers."""
+        return type(self)(self.activations, model, params)
 
     def tree_flatten(self):
         names = sorted(self.activations)
@@ -60,11 +70,34 @@ class ActivationCache(Mapping):
     def names(self) -> list[str]:
         return sorted(self.activations)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.activations or bool(matching(name, self.activations))
+    def __contains__(self, name) -> bool:
+        try:
+            self._full_name(name)
+        except KeyError:
+            return False
+        return True
 
-    def __getitem__(self, name: str):
-        return self.activations[resolve(name, self.activations)]
+    def __getitem__(self, name):
+        return self.activations[self._full_name(name)]
+
+    def _full_name(self, key) -> str:
+        """The full name of ``key``: a hook name or suffix, or TransformerLens's short form
+        (a tuple ``(name, layer, layer type)`` or one string; a negative layer counts back)."""
+        if isinstance(key, tuple):
+            name, *rest = key
+            if rest and rest[0] is not None and rest[0] < 0:
+                rest[0] += self._layer_count()
+            return resolve(canonical(act_name(name, *rest)), self.activations)
+        if key in self.activations or matching(canonical(key), self.activations):
+            return resolve(canonical(key), self.activations)
+        return resolve(canonical(act_name(key)), self.activations)
+
+    def _layer_count(self) -> int:
+        """Layers of the head's stack (the bound model's; else counted from the names)."""
+        if self.model is not None:
+            return self.model.layer_stacks()[self.model.head_stack]
+        found = [re.search(r"blocks\.(\d+)\.", n) for n in self.activations]
+        return 1 + max((int(m.group(1)) for m in found if m), default=-1)
 
     def __len__(self) -> int:
         return len(self.activations)
@@ -149,7 +182,8 @@ def run_with_cache(model, params, batch, names: Iterable[str] | None = None):
     (default: all) recorded."""
     model, params = prepare(model, params)
     capture = None if names is None else _full_or_given(model, params, batch, names)
-    return _cached_run(model, capture)(params, batch)
+    logits, cache = _cached_run(model, capture)(params, batch)
+    return logits, cache.bind(model, params)
 
 
 @functools.lru_cache(maxsize=32)
@@ -167,7 +201,8 @@ def run_with_patches(model, params, batch, edits: Edits, names: Iterable[str] | 
     capture = None if names is None else _full_or_given(model, params, batch, names)
     # Compiled as one program (edits close over their values, so each call compiles anew:
     # still faster than running a model op by op; sweeps use PatchSweep, which compiles once).
-    return jax.jit(lambda p, b: _apply(model, p, b, capture, edits))(params, batch)
+    logits, cache = jax.jit(lambda p, b: _apply(model, p, b, capture, edits))(params, batch)
+    return logits, cache.bind(model, params)
 
 
 def _full_or_given(model, params, batch, names: Iterable[str]) -> tuple[str, ...]:
@@ -177,7 +212,7 @@ def _full_or_given(model, params, batch, names: Iterable[str]) -> tuple[str, ...
     out = []
     for name in names:
         if "*" not in name:
-            out.append(resolve(name, known))
+            out.append(resolve(canonical(name), known))
             continue
         found = sorted(n for n in known if fnmatch.fnmatchcase(n, name))
         if not found:
@@ -192,11 +227,18 @@ def _full_or_given(model, params, batch, names: Iterable[str]) -> tuple[str, ...
 def axes(name: str) -> tuple[int, int | None]:
     """``(position axis, head axis or None)`` of a hook point's activation."""
     leaf = name.rsplit(".", 1)[-1]
-    if leaf == "hook_pattern":  # [B,N,T,S]
+    if leaf in _HEAD_FIRST:  # [B,N,T,S]
         return 2, 1
-    if leaf in ("hook_q", "hook_k", "hook_v", "hook_z", "hook_result"):  # [B,T,N,...]
+    if leaf in _HEADS_AFTER_POSITION:  # [B,T,N,...]
         return 1, 2
     return 1, None
+
+
+_HEAD_FIRST = frozenset({"hook_pattern", "hook_attn_scores"})
+_HEADS_AFTER_POSITION = frozenset(
+    {"hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z", "hook_result"}
+    | {"hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input"}
+)
 
 
 def selection(name: str, shape: tuple, positions=None, heads=None):

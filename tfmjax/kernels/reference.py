@@ -51,7 +51,13 @@ def attention(
     return weighted_values(probs, v).astype(q.dtype)
 
 
-def probabilities(
+def probabilities(q, k, **mask):
+    """The attention pattern ``softmax(Q K^T * scale + bias, masked)``: ``[B,N,T,S]`` float32
+    (rows with nothing to attend to are all zero). ``mask``: the keywords of :func:`scores`."""
+    return softmax_rows(scores(q, k, **mask))
+
+
+def scores(
     q,
     k,
     *,
@@ -67,17 +73,17 @@ def probabilities(
     global_tokens=0,
     random_blocks=None,
 ):
-    """The attention pattern ``softmax(Q K^T * scale + bias, masked)``: ``[B,N,T,S]`` float32
-    (rows with nothing to attend to are all zero)."""
+    """The attention logits ``Q K^T * scale + bias`` with blocked entries at -inf:
+    ``[B,N,T,S]`` float32 (K/V heads repeated to the N query heads)."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
     kf = jnp.repeat(kf, N // K, axis=2)  # [B,S,N,H]
-    scores = jnp.einsum("BTNH,BSNH->BNTS", qf, kf) * scale
+    logits = jnp.einsum("BTNH,BSNH->BNTS", qf, kf) * scale
     if alibi_slopes is not None:
-        scores = scores + alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))[None]
+        logits = logits + alibi_bias(alibi_slopes, jnp.arange(T) + q_offset, jnp.arange(S))[None]
     if bias is not None:
-        scores = scores + bias.astype(jnp.float32)
+        logits = logits + bias.astype(jnp.float32)
     mask = dense_mask(
         T,
         S,
@@ -90,7 +96,12 @@ def probabilities(
         kv_segment_ids=kv_segment_ids,
         q_offset=q_offset,
     )
-    scores = jnp.where(mask, scores, -jnp.inf)
+    return jnp.where(mask, logits, -jnp.inf)
+
+
+def softmax_rows(scores):
+    """Softmax over the last axis of masked ``scores [..., S]`` (-inf: blocked); a row with
+    nothing to attend to is all zero."""
     # The shift cancels in the softmax, so no gradient flows through it (as in jax.nn.softmax):
     # max's own gradient splits among the entries equal to the max, and when XLA computes the
     # scores twice (unoptimized builds do) with a rounding apart, it found none and gave inf.

@@ -11,15 +11,21 @@ head-major (``K`` before ``S``) so the attention matmuls read them in place: wit
 XLA transposes every layer's whole cache at every decoding step (measured 1.7x slower per
 step at batch 8 on CPU, bench/decode.py).
 
-Hooks (:mod:`tfmjax.layers.hooks`): ``hook_q [B,T,N,H]``, ``hook_k``/``hook_v [B,S,K,H]``
-(after RoPE), ``hook_pattern [B,N,T,S]`` (formed from q and k only when asked for, whatever
-the kernel), ``hook_z [B,T,N,H]`` (per-head outputs) and ``hook_result [B,T,N,D]`` (each
-head's share of the output, before the sum and the bias).
+Hooks (:mod:`tfmjax.layers.hooks`, TransformerLens's names and meanings): ``hook_q [B,T,N,H]``,
+``hook_k``/``hook_v [B,S,K,H]`` (the projections, before RoPE), ``hook_rot_q``/``hook_rot_k``
+(after RoPE, in RoPE models only), ``hook_attn_scores [B,N,T,S]`` (the scaled logits plus
+ALiBi or a bias, blocked entries -inf) and ``hook_pattern [B,N,T,S]`` (both formed from q and k
+only when asked for, whatever the kernel), ``hook_z [B,T,N,H]`` (per-head outputs) and
+``hook_result [B,T,N,D]`` (each head's share of the output, before the sum and the bias).
+
+The input is ``x [B,T,D]``, or :class:`HeadInputs`: a separate, already normalised input per
+head for the query, key and value (TransformerLens's split inputs, which the block builds
+when one of its ``hook_attn_in``/``hook_q_input``/... hooks is edited).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -109,6 +115,14 @@ def head_projections(d_model, num_heads, num_kv_heads, head_dim, use_bias, dtype
     )
 
 
+class HeadInputs(NamedTuple):
+    """One input row per head: ``q [B,T,N,D]``, ``k``/``v [B,S,K,D]``."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+
+
 class MultiHeadAttention(nn.Module):
     """``x [B,T,D]`` (and ``context [B,S,D]`` for cross-attention) -> ``[B,T,D]``."""
 
@@ -128,6 +142,7 @@ class MultiHeadAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
     # Separate query, key, value and out kernels per head: the QK/OV circuits of interp.
     qk_ov_circuits: ClassVar[bool] = True
+    split_inputs: ClassVar[bool] = True  # takes HeadInputs (TransformerLens's split inputs)
     causal_only: ClassVar[bool] = False  # also bidirectional (encoders)
     bidirectional_only: ClassVar[bool] = False  # also causal (decoders)
 
@@ -194,14 +209,19 @@ class MultiHeadAttention(nn.Module):
         ``kv``: precomputed cross-attention ``(k, v)`` (from :meth:`project_kv`).
         ``cache``: self-attention KV cache (see module docstring), returned updated.
         """
-        q = constrain(self.query(x), BATCH, LENGTH, HEADS, HEAD_WIDTH)
-        k, v = self.project_kv(x if context is None else context) if kv is None else kv
+        if isinstance(x, HeadInputs):
+            q, k, v = self._project_heads(x)
+        else:
+            q = self.query(x)
+            k, v = self.project_kv(x if context is None else context) if kv is None else kv
+        q = constrain(q, BATCH, LENGTH, HEADS, HEAD_WIDTH)
         k, v = (constrain(a, BATCH, LENGTH, KV_HEADS, HEAD_WIDTH) for a in (k, v))
-        if self.rope_base is not None:
-            q = apply_rope(q, q_positions, self.rope_base, self.rope_layout)
-            k_positions = q_positions if kv_positions is None else kv_positions
-            k = apply_rope(k, k_positions, self.rope_base, self.rope_layout)
         q, k, v = (hook(self, f"hook_{n}", a) for n, a in (("q", q), ("k", k), ("v", v)))
+        if self.rope_base is not None:
+            k_positions = q_positions if kv_positions is None else kv_positions
+            rope = lambda a, positions: apply_rope(a, positions, self.rope_base, self.rope_layout)
+            q = hook(self, "hook_rot_q", rope(q, q_positions))
+            k = hook(self, "hook_rot_k", rope(k, k_positions))
         q_offset = 0
         if cache is not None:
             q_offset = cache["index"]
@@ -220,7 +240,7 @@ class MultiHeadAttention(nn.Module):
             q_offset=q_offset,
             scale=self.scale,
         )
-        if wanted(self, "hook_pattern"):
+        if wanted(self, "hook_pattern") or wanted(self, "hook_attn_scores"):
             out = self._through_pattern(q, k, v, kw)
         else:
             out = attention_fn(q, k, v, **kw, impl=self.impl)
@@ -229,12 +249,26 @@ class MultiHeadAttention(nn.Module):
             return self._through_result(out), cache
         return self.out(out), cache
 
+    def _project_heads(self, inputs: HeadInputs):
+        """``q [B,T,N,H]``, ``k, v [B,S,K,H]``: each head's projection of its own input row."""
+        params = self.variables["params"]
+        out = []
+        for name, x in zip(("query", "key", "value"), inputs, strict=True):
+            kernel = params[name]["kernel"].astype(self.dtype)  # [D,N|K,H]
+            y = jnp.einsum("BTND,DNH->BTNH", x.astype(self.dtype), kernel)
+            if self.attention_bias:
+                y = y + params[name]["bias"].astype(y.dtype)[None, None]
+            out.append(y)
+        return tuple(out)
+
     def _through_pattern(self, q, k, v, kw):
-        """Attention with its pattern ``[B,N,T,S]`` formed (hook ``hook_pattern``). The output
-        is the kernel's unless the pattern is edited: then it is ``pattern · v``."""
+        """Attention with its scores and pattern ``[B,N,T,S]`` formed (hooks
+        ``hook_attn_scores``, ``hook_pattern``). The output is the kernel's unless one of them
+        is edited: then it is ``pattern · v``."""
         scale = self.head_dim**-0.5 if self.scale is None else self.scale
-        pattern = hook(self, "hook_pattern", reference.probabilities(q, k, **dict(kw, scale=scale)))
-        if edited(self, "hook_pattern"):
+        scores = hook(self, "hook_attn_scores", reference.scores(q, k, **dict(kw, scale=scale)))
+        pattern = hook(self, "hook_pattern", reference.softmax_rows(scores))
+        if edited(self, "hook_pattern") or edited(self, "hook_attn_scores"):
             return reference.weighted_values(pattern, v).astype(q.dtype)
         return attention_fn(q, k, v, **kw, impl=self.impl)
 

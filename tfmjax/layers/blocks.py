@@ -9,6 +9,14 @@ Blocks have the signature ``block(x, cache, inputs) -> (x, cache)`` so that
 Hooks ``[B,T,D]`` (see :mod:`tfmjax.layers.hooks`): ``hook_resid_pre``, ``hook_resid_mid``
 (after self-attention), ``hook_resid_mid_cross`` (after cross-attention), ``hook_resid_post``,
 and each sublayer's output ``hook_attn_out``, ``hook_cross_attn_out``, ``hook_mlp_out``.
+
+TransformerLens's sublayer inputs, which feed the sublayer only, never the residual sum:
+``hook_mlp_in [B,T,D]`` (before ``ln2``), and for softmax self-attention the residual
+repeated per head, before ``ln1``: ``attn.hook_attn_in [B,T,N,D]``, then ``attn.hook_q_input
+[B,T,N,D]`` and ``attn.hook_k_input``/``attn.hook_v_input [B,T,K,D]`` (the first K heads of
+``hook_attn_in``). While none of these four is edited the attention reads ``[B,T,D]`` as
+usual; an edit sends each head its own normalised row (:class:`HeadInputs`), ``ln1``'s hooks
+then recorded per head.
 """
 
 from __future__ import annotations
@@ -16,13 +24,15 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
-from tfmjax.layers.attention import MultiHeadAttention
+from tfmjax.layers.attention import HeadInputs, MultiHeadAttention
 from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, constrain
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.dropout import Dropout
-from tfmjax.layers.hooks import hook
+from tfmjax.layers.hooks import edited, hook, wanted
 from tfmjax.layers.mlp import FeedForward
 from tfmjax.layers.moe import MoEFeedForward
 from tfmjax.layers.norms import make_norm
@@ -33,6 +43,8 @@ _OUT_HOOKS = {
     "cross_attention": "hook_cross_attn_out",
     "mlp": "hook_mlp_out",
 }
+# TransformerLens's split inputs of self-attention (see the module docstring).
+_SPLIT_INPUTS = ("attn.hook_attn_in", "attn.hook_q_input", "attn.hook_k_input", "attn.hook_v_input")
 
 
 class BlockInputs(NamedTuple):
@@ -54,15 +66,17 @@ def residual(
     norm_position: str,
     dropout: nn.Module,
     deterministic: bool,
+    in_hook=lambda x: x,
     out_hook=lambda y: y,
 ):
     """Pre-norm ``x + drop(f(LN(x)))`` or post-norm ``LN(x + drop(f(x)))``; returns (x, aux).
-    ``out_hook`` sees (and may replace) the sublayer's output ``f(...)``."""
+    ``in_hook`` sees (and may replace) the sublayer's input, not the residual's (an array, or
+    a tuple of arrays the pre-norm normalises each of); ``out_hook`` the sublayer's output."""
     if norm_position == "pre":
-        y, aux = sublayer(norm(x))
+        y, aux = sublayer(jax.tree.map(norm, in_hook(x)))
         x = x + dropout(out_hook(y), deterministic=deterministic)
     else:
-        y, aux = sublayer(x)
+        y, aux = sublayer(in_hook(x))
         x = norm(x + dropout(out_hook(y), deterministic=deterministic))
     return constrain(x, BATCH, LENGTH, EMBED), aux
 
@@ -76,7 +90,7 @@ class _Block(nn.Module):
         """The block's self-attention, of the variant ``cfg.attention``."""
         return ATTENTION_VARIANTS[self.cfg.attention].from_block_config(self.cfg, name)
 
-    def _sublayer(self, x, fn, name: str):
+    def _sublayer(self, x, fn, name: str, in_hook=lambda x: x):
         c = self.cfg
         return residual(
             x,
@@ -85,8 +99,29 @@ class _Block(nn.Module):
             norm_position=c.norm_position,
             dropout=Dropout(c.dropout_rate),
             deterministic=self.deterministic,
+            in_hook=in_hook,
             out_hook=lambda y: hook(self, _OUT_HOOKS[name], y),
         )
+
+    def _attention_input(self, x):
+        """Self-attention's input: ``x [B,T,D]``, or :class:`HeadInputs` (rows per head)
+        when a split-input hook is edited (module docstring)."""
+        c = self.cfg
+        splits = getattr(ATTENTION_VARIANTS[c.attention], "split_inputs", False)
+        if not splits or not any(wanted(self, n) for n in _SPLIT_INPUTS):
+            return x
+        N, K = c.num_heads, c.num_kv_heads
+        attn_in = hook(
+            self,
+            "attn.hook_attn_in",
+            jnp.broadcast_to(x[:, :, None], (*x.shape[:2], N, x.shape[-1])),
+        )
+        q_in = hook(self, "attn.hook_q_input", attn_in)
+        k_in = hook(self, "attn.hook_k_input", attn_in[:, :, :K])
+        v_in = hook(self, "attn.hook_v_input", attn_in[:, :, :K])
+        if not any(edited(self, n) for n in _SPLIT_INPUTS):
+            return x
+        return HeadInputs(q_in, k_in, v_in)
 
     def _feed_forward(self, x, segment_ids=None):
         """The feed-forward sublayer: dense, or a mixture of experts when ``moe`` (padding,
@@ -108,7 +143,10 @@ class _Block(nn.Module):
         else:
             ff, args = FeedForward(c.d_ff, c.activation, **common), ()
         x, _ = self._sublayer(
-            x, lambda h: (ff(h, *args, deterministic=self.deterministic), None), "mlp"
+            x,
+            lambda h: (ff(h, *args, deterministic=self.deterministic), None),
+            "mlp",
+            in_hook=lambda h: hook(self, "hook_mlp_in", h),
         )
         return hook(self, "hook_resid_post", x)
 
@@ -135,6 +173,7 @@ class SelfAttentionBlock(_Block):
                 cache=cache,
             ),
             "attention",
+            in_hook=self._attention_input,
         )
         x = hook(self, "hook_resid_mid", x)
         return self._feed_forward(x, inputs.segment_ids), cache
@@ -164,6 +203,7 @@ class DecoderBlock(_Block):
                 cache=None if cache is None else cache["self"],
             ),
             "attention",
+            in_hook=self._attention_input,
         )
         x = hook(self, "hook_resid_mid", x)
         # No RoPE and no sparse pattern across sequences: encoder slots are not decoder positions.

@@ -10,7 +10,8 @@ at trace time, so the compiled program is the one without hooks. Inside it (see
   name is captured.
 
 Full names follow TransformerLens with a stack prefix, built from the module path of an
-unrolled model: ``decoder.blocks.{l}.attn.hook_q`` for ``decoder/layer_{l}/attention``.
+unrolled model: ``decoder.blocks.{l}.attn.hook_q`` for ``decoder/layer_{l}/attention``; the
+output head's final norm is ``{stack}.ln_final`` for the stack the head reads (``hook_stack``).
 Modules outside the stacks pass a name that is already full (``decoder.hook_embed``).
 Hooks inside a scanned stack are not supported (:mod:`tfmjax.interp` unrolls the layers).
 """
@@ -36,7 +37,6 @@ _RENAME = {
     "mlp_norm": "ln2",
     "final_norm": "ln_final",
     "encoder_norm": "encoder.ln_final",
-    "head": None,
     "embed": None,
 }
 _LAYER = re.compile(r"layer_(\d+)$")
@@ -70,12 +70,24 @@ def hooks_active(capture=None, edits: Mapping[str, Callable] | None = None):
         _STATE.reset(token)
 
 
+def _head_stack(module) -> str:
+    """The ``hook_stack`` of the output head enclosing ``module`` (``decoder`` by default)."""
+    while isinstance(module, nn.Module):
+        stack = getattr(module, "hook_stack", None)
+        if stack:
+            return stack
+        module = module.parent
+    return "decoder"
+
+
 def full_name(module: nn.Module, name: str) -> str:
     """``name`` prefixed with the module's place: ``decoder.blocks.0.attn.`` + ``hook_q``."""
     parts = []
     for part in module.scope.path:
         layer = _LAYER.match(part)
-        if layer:
+        if part == "head":
+            parts.append(_head_stack(module))
+        elif layer:
             parts.append(f"blocks.{layer.group(1)}")
         elif part in _RENAME:
             if _RENAME[part]:

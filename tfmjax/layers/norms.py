@@ -1,7 +1,9 @@
 """LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019), computed in float32.
 
-Hook ``hook_scale [..., 1]``: the normalising factor ``1/sqrt(var + eps)`` (or of the mean
-square); frozen from a cache, it makes the norm linear (direct logit attribution).
+Hooks, as TransformerLens names them: ``hook_scale [..., 1]``, the denominator ``sqrt(var +
+eps)`` (RMSNorm: ``sqrt(mean(x^2) + eps)``; frozen from a cache, it makes the norm linear, as
+direct logit attribution needs), and ``hook_normalized [..., D]``, the normalised input before
+the weight and bias. The norm multiplies by the denominator's reciprocal, with or without hooks.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class LayerNorm(nn.Module):
         xf = x.astype(jnp.float32)
         mean = jnp.mean(xf, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-        y = (xf - mean) * hook(self, "hook_scale", jnp.reciprocal(jnp.sqrt(var + self.eps)))
+        denominator = hook(self, "hook_scale", jnp.sqrt(var + self.eps))
+        y = hook(self, "hook_normalized", (xf - mean) * jnp.reciprocal(denominator))
         return (y * _expand(scale, y) + _expand(bias, y)).astype(x.dtype)
 
 
@@ -45,8 +48,9 @@ class RMSNorm(nn.Module):
     def __call__(self, x):
         scale = self.param("scale", named(nn.initializers.ones, self.axis_name), (x.shape[-1],))
         xf = x.astype(jnp.float32)
-        inv = jnp.reciprocal(jnp.sqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps))
-        y = xf * hook(self, "hook_scale", inv)
+        mean_square = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
+        denominator = hook(self, "hook_scale", jnp.sqrt(mean_square + self.eps))
+        y = hook(self, "hook_normalized", xf * jnp.reciprocal(denominator))
         return (y * _expand(scale, y)).astype(x.dtype)
 
 

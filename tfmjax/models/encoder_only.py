@@ -39,6 +39,7 @@ class EncoderOnly(Family, nn.Module):
     dropout_rate: Any = None  # in place of config.dropout_rate: a traced per-run rate
 
     family = "encoder_only"
+    head_stack = "encoder"
     batch_format = "masked_lm"
     token_keys = ("tokens",)
 
@@ -57,7 +58,7 @@ class EncoderOnly(Family, nn.Module):
             name="encoder",
             encoder=True,
         )
-        self.head = OutputHead(cfg, name="head")
+        self.head = OutputHead(cfg, hook_stack=self.head_stack, name="head")
 
     def __call__(self, batch):
         tokens = batch["tokens"]

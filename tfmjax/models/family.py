@@ -14,6 +14,7 @@ Class attributes
   ``can_generate``    whether the generation methods exist
   ``equal_length_prompts``  prompts must not be padded: generation groups them by length
   ``prompt_name``     what its generation prompts are called in error messages
+  ``head_stack``      the layer stack the output head reads (its hooks: ``{stack}.ln_final``)
 
 Parameters
   ``init(rngs, batch)``                ``nn.Module.init`` returning plain arrays
@@ -94,6 +95,7 @@ class Family:
     can_generate: ClassVar[bool] = False
     equal_length_prompts: ClassVar[bool] = False  # decode each prompt length apart
     prompt_name: ClassVar[str] = "prompts"
+    head_stack: ClassVar[str] = "decoder"
     config: ModelConfig
 
     # -- parameters --------------------------------------------------------------------
