@@ -47,6 +47,11 @@ def take(x, pos_slice, axis: int):
     return x[tuple(index)]
 
 
+def lead(x, ndim: int):
+    """``x`` with leading axes of size 1 up to ``ndim`` axes (explicit broadcasting)."""
+    return jnp.reshape(x, (1,) * (ndim - jnp.ndim(x)) + jnp.shape(x))
+
+
 class TransformerLensHelpers:
     """TransformerLens's ``ActivationCache`` methods (module docstring); mixed into the cache,
     which provides ``__getitem__``, ``activations``, ``model`` and ``params``."""
@@ -218,7 +223,7 @@ class TransformerLensHelpers:
         scale = take(self._at(name, None if layer == L else layer), pos_slice, -2)
         if has_batch_dim:
             scale = take(scale, batch_slice, 0)
-        return stack / scale
+        return stack / lead(scale, stack.ndim)
 
     def _final_norm(self, stack):
         """The final norm applied to each component on its own: weight and bias included."""
@@ -227,8 +232,10 @@ class TransformerLensHelpers:
         if cfg.norm == "layernorm":
             stack = stack - jnp.mean(stack, axis=-1, keepdims=True)
         stack = stack / jnp.sqrt(jnp.mean(jnp.square(stack), axis=-1, keepdims=True) + cfg.norm_eps)
-        stack = stack * norm["scale"].astype(jnp.float32)
-        return stack + norm["bias"].astype(jnp.float32) if "bias" in norm else stack
+        stack = stack * lead(norm["scale"].astype(jnp.float32), stack.ndim)
+        return (
+            stack + lead(norm["bias"].astype(jnp.float32), stack.ndim) if "bias" in norm else stack
+        )
 
     def _head_params(self) -> dict:
         if self.params is None:
@@ -278,4 +285,4 @@ class TransformerLensHelpers:
         per_row = has_batch_dim and not isinstance(batch_slice, int) and scaled.ndim == 4
         if per_row and directions.ndim == 2 and directions.shape[0] == scaled.shape[1]:
             directions = directions[:, None]  # [B,D] against [C,B,T,D]
-        return jnp.sum(scaled * directions, axis=-1)
+        return jnp.sum(scaled * lead(directions, scaled.ndim), axis=-1)
