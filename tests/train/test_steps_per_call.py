@@ -126,17 +126,37 @@ def test_intervals_must_be_multiples_of_steps_per_call():
     with pytest.raises(ConfigError, match=r"train.steps_per_call=0 is invalid: must be > 0"):
         experiment("decoder_only", "w", steps_per_call=0)
     assert call_spans(0, 7, 3) == [(0, 3), (3, 6), (6, 7)] and call_spans(5, 5, 2) == []
+    with pytest.raises(ConfigError, match=r"train.steps_per_call='fast' is invalid: must be one"):
+        experiment("decoder_only", "w", steps_per_call="fast")
+
+
+@pytest.mark.parametrize(
+    "log, every, backend, calls",
+    [(10, 10, "cpu", 1), (10, 10, "gpu", 10), (50, 250, "gpu", 10), (64, 256, "tpu", 16)]
+    + [(48, 96, "gpu", 16), (7, 21, "gpu", 7), (34, 17, "gpu", 1)],
+)
+def test_auto_runs_up_to_16_steps_a_call_between_records_on_accelerators(
+    log, every, backend, calls
+):
+    """ "auto" (the default): 1 a call on a CPU; on a GPU or TPU the largest K <= 16 that
+    divides the log, eval and save intervals, so records still fall between calls."""
+    train = experiment("decoder_only", "w", log=log, every=every).train
+    assert train.steps_per_call == "auto" and train.calls_of(backend) == calls
+    assert all(n % calls == 0 for n in (log, every))
+    assert experiment("decoder_only", "w", steps_per_call=2, log=4).train.calls_of("gpu") == 2
 
 
 def test_an_older_checkpoint_without_the_new_fields_resumes_unchanged():
     """A config saved before steps_per_call and prefetch existed: they load as their
-    defaults (1, and building ahead: the same batches), a resume sees no change; changing
-    steps_per_call or prefetch on a resume is allowed (the same steps)."""
+    defaults ("auto", 1 a call on this CPU, and building ahead: the same steps and batches),
+    a resume sees no change; changing steps_per_call or prefetch on a resume is allowed (the
+    same steps)."""
     now = experiment("decoder_only", "w")
     saved = now.to_dict()
     del saved["train"]["steps_per_call"], saved["train"]["prefetch"]
     old = from_dict(saved)
-    assert old.train.steps_per_call == 1 and old.train.prefetch is True
+    assert old.train.steps_per_call == "auto" and old.train.prefetch is True
+    assert old.train.calls_of("cpu") == 1
     assert config_changes(saved, now) == ([], [])
     faster = experiment("decoder_only", "w", steps_per_call=2, prefetch=False)
     assert config_changes(saved, faster) == (

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 from tfmjax.config.checks import check_types, one_of, positive, require
 from tfmjax.config.choices import EVAL_METRICS, MESH_AXES, RULE_SETS, SCHEDULES
 from tfmjax.config.fields import option
 from tfmjax.config.model import ModelConfig
 from tfmjax.config.task_spec import parse_task_spec
+
+# train.steps_per_call="auto" on a GPU or TPU: at most this many steps a call (shakespeare_char
+# trained 1.4x (H200 host) to 3.3x (H100 host) faster with 16 a call than with 1).
+AUTO_STEPS_PER_CALL = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,14 +111,27 @@ class TrainConfig:
     init_from: str = option(
         "", help="a new run starts from the params of this checkpoint (e.g. an HF import)"
     )
-    steps_per_call: int = option(
-        1,
+    steps_per_call: int | str = option(
+        "auto",
         help="steps run in one jitted call (a lax.scan over K batches; the same params and "
-        "records as 1); log_every, eval_every and checkpoint_every must be multiples of it",
+        "records as 1); log_every, eval_every and checkpoint_every must be multiples of it; "
+        f"'auto': 1 on a CPU, on a GPU or TPU the largest K <= {AUTO_STEPS_PER_CALL} dividing them",
     )
     prefetch: bool = option(
         True, help="build the next batches on a background thread while the steps run"
     )
+
+    def calls_of(self, backend: str) -> int:
+        """The steps a call runs on ``backend`` (``jax.default_backend()``): ``steps_per_call``,
+        or for ``"auto"`` 1 on a CPU (where a call's overhead is small beside its steps) and on
+        a GPU or TPU the largest K <= 16 dividing the log, eval and save intervals (a fast
+        device then never waits on Python between steps; the bits are the same)."""
+        if self.steps_per_call != "auto":
+            return self.steps_per_call
+        if backend == "cpu":
+            return 1
+        every = math.gcd(self.log_every, self.eval_every, self.checkpoint_every)
+        return max(k for k in range(1, AUTO_STEPS_PER_CALL + 1) if every % k == 0)
 
     def __post_init__(self):
         check_types("train", self)
@@ -125,11 +143,14 @@ class TrainConfig:
             "eval_every",
             "checkpoint_every",
             "keep_checkpoints",
-            "steps_per_call",
         )
         require(self.seed >= 0, "train.seed", self.seed, "must be >= 0")
         one_of("train.best_metric", self.best_metric, EVAL_METRICS)
         k = self.steps_per_call
+        if isinstance(k, str):
+            one_of("train.steps_per_call", k, ("auto",))
+            return
+        positive("train", self, "steps_per_call")
         off = [
             f"train.{name}={getattr(self, name)}"
             for name in ("log_every", "eval_every", "checkpoint_every")
