@@ -14,11 +14,12 @@ loop over K stacked batches, :func:`call_spans` cuts the run into calls); the lo
 evaluation and checkpoint intervals are multiples of K, so records, evaluations and saves
 fall between calls, and K = 1 or 10 give the same params and records. The default, ``"auto"``,
 is 1 on a CPU and up to 16 on a GPU or TPU (``TrainConfig.calls_of``; the run header says K).
-``train.prefetch`` builds the next calls' batches on a background thread (:mod:`tfmjax.train.prefetch`). Between
-log, eval and save steps nothing is fetched from the device (:data:`STEP_GUARD`): the window
-sums stay on it until a record is written; the only wait is ``block_until_ready`` after each
-call on CPU with several devices here (:attr:`Placement.waits_each_step`), and with several
-processes the stop agreement gathers one small vector every few steps (:class:`StopAgreement`).
+``train.prefetch`` builds the next calls' batches on a background thread
+(:mod:`tfmjax.train.prefetch`). Between log, eval and save steps nothing is fetched from the
+device (:data:`STEP_GUARD`): the window sums stay on it until a record is written; the only
+wait is ``block_until_ready`` after each call on CPU with several devices here
+(:attr:`Placement.waits_each_step`), and with several processes the stop agreement gathers
+one small vector every few steps (:class:`StopAgreement`).
 
 Many processes (:mod:`tfmjax.parallel.processes`): every process runs this loop on its part
 of the mesh; process 0 alone prints, writes ``metrics.jsonl`` and plots; every process takes
