@@ -140,11 +140,12 @@ def _dense(x, p):
 
 def _mixer_input(run: Run, l: int):
     """The mixer's input ``LN1(resid_pre) [B,T,D]`` of layer ``l``, from the cached residual
-    and ``ln1``'s cached scale (the models are pre-norm, LayerNorm)."""
+    (the models are pre-norm, LayerNorm)."""
     r = run.get(l, "hook_resid_pre")
     norm = run.layer_params(l)["attention_norm"]
-    centred = (r - r.mean(-1, keepdims=True)) * run.get(l, "ln1.hook_scale")
-    return centred * norm["scale"] + norm["bias"]
+    centred = r - r.mean(-1, keepdims=True)
+    normed = centred / np.sqrt(np.mean(centred**2, -1, keepdims=True) + run.model.config.norm_eps)
+    return normed * norm["scale"] + norm["bias"]
 
 
 # -- names and shapes, and the model's own computation -------------------------------------
