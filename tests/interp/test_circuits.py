@@ -310,7 +310,6 @@ def test_encoder_decoder_stacks_and_cross_attention():
     [
         dict(attention="linear"),
         dict(attention="mla", num_kv_heads=None, kv_rank=8),
-        dict(attention="retention", num_kv_heads=None),
         dict(attention="selective_scan", num_kv_heads=None),
     ],
 )

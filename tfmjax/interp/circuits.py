@@ -18,6 +18,25 @@ size ``D×D`` or ``V×V`` is formed unless asked for with ``.full()``. The circu
 projection kernels only: biases, positions (RoPE, ALiBi, ...), the MLPs and the norms are
 left out (a norm's scale is not folded in), and so is a masked-LM head's transform.
 
+Which attention variants have them (:func:`circuits_of`, from the variant class's
+``qk_ov_circuits`` and ``qk_circuit``), by the stack's own variant (:func:`stack_attention`:
+an encoder_decoder model's other stack and its cross-attention are softmax):
+
+- softmax (MHA/GQA/MQA): both.
+- nystrom: both. Its three kernels' logits are segment means of ``x_q QK x_kᵀ`` (the
+  landmarks are means of q and k, so of x W_Q and x W_K), and each head writes
+  ``M · (x W_V) W_O`` with the mixing matrix ``M = F̃ Ã⁺ B̃`` (plus the convolution over V
+  with ``nystrom_conv``, also a mix of rows of ``x W_V``): what OV describes, per unit of
+  mixing weight (the weights need not be positive).
+- retention: QK only. Its score is ``γ^(t-s) q_t·k_s / √H``, bilinear in the rows as
+  softmax attention's logit; but each head's values reach ``W_O`` through a GroupNorm
+  (a per-position, per-head rescaling) and ``swish(x W_G)``, a gate computed from the
+  query's own row, so ``W_V W_O`` is not what a head writes: attention_weights gives
+  ``W_Q`` and ``W_K`` only, and the OV tools (``full_ov_circuit``,
+  ``composition_scores``, which read OV of the earlier head) refuse it.
+- selective_scan, linear, mla: neither (no per-head queries and keys, or a feature map or
+  a shared latent between them): refused in one line.
+
 Dimension letters: B batch, T query length, S key length, D d_model, N query heads, K kv heads,
 H head width, V vocab, L layers, R rank.
 """
@@ -30,6 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
+from tfmjax.models.common import decoder_block_config, encoder_block_config
 
 ATTENTION_KEYS = {"attn": "attention", "cross_attn": "cross_attention"}
 
@@ -45,6 +65,9 @@ class FactoredMatrix:
 
     A: jax.Array
     B: jax.Array
+    # NumPy arrays defer to __rmatmul__ (W_E @ circuit with host params), not broadcast over
+    # the FactoredMatrix as an object.
+    __array_ufunc__ = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -106,17 +129,50 @@ class FactoredMatrix:
         return qa @ u, s, vh @ jnp.swapaxes(qb, -1, -2)
 
 
-def _check(model, stack: str) -> int:
-    """The number of layers of ``stack``; a one-line ValueError if there are no circuits."""
-    if not ATTENTION_VARIANTS[model.config.attention].qk_ov_circuits:
-        fit = " or ".join(repr(n) for n, cls in ATTENTION_VARIANTS.items() if cls.qk_ov_circuits)
-        raise ValueError(
-            f"QK/OV circuits need model.attention={fit} (separate query, key, value and "
-            f"out kernels), not {model.config.attention!r}"
+def stack_attention(model, stack: str, kind: str = "attn") -> str:
+    """The ``model.attention`` variant of ``stack``'s ``kind`` layers: cross-attention is
+    softmax; an encoder keeps softmax for a causal-only mixer, a decoder for a
+    bidirectional-only one (:mod:`tfmjax.models.common`)."""
+    if kind == "cross_attn":
+        return "softmax"
+    configure = encoder_block_config if stack == "encoder" else decoder_block_config
+    return configure(model.config).attention
+
+
+def circuits_of(variant: type) -> tuple[str, ...]:
+    """The circuits that apply to an attention variant class: ``("qk", "ov")`` with
+    ``qk_ov_circuits``, ``("qk",)`` with only ``qk_circuit`` (its scores are ``q . k``, but
+    its values do not reach the out kernel linearly: retention), else ``()``."""
+    if variant.qk_ov_circuits:
+        return ("qk", "ov")
+    return ("qk",) if getattr(variant, "qk_circuit", False) else ()
+
+
+def _refusal(name: str, have: tuple[str, ...]) -> str:
+    """The one-line reason ``model.attention=name`` has no (OV) circuit."""
+    both = [n for n, v in ATTENTION_VARIANTS.items() if circuits_of(v) == ("qk", "ov")]
+    qk_only = [n for n, v in ATTENTION_VARIANTS.items() if circuits_of(v) == ("qk",)]
+    fit = " or ".join(repr(n) for n in both)
+    why = getattr(ATTENTION_VARIANTS[name], "circuits_refused", "")
+    if have:
+        return (
+            f"OV circuits need model.attention={fit}, not {name!r}: {why} (its QK circuit applies)"
         )
+    why = why or "separate query, key, value and out kernels are needed"
+    also = f"; QK circuits alone: {' or '.join(repr(n) for n in qk_only)}" if qk_only else ""
+    return f"QK/OV circuits need model.attention={fit}{also}; not {name!r}: {why}"
+
+
+def _check(model, stack: str, kind: str = "attn", need=("qk", "ov")) -> int:
+    """The number of layers of ``stack``; a one-line ValueError if the ``need``ed circuits
+    do not apply to its ``kind`` layers."""
     stacks = model.layer_stacks()
     if stack not in stacks:
         raise ValueError(f"stack={stack!r} is not one of this model's stacks {sorted(stacks)}")
+    name = stack_attention(model, stack, kind)
+    have = circuits_of(ATTENTION_VARIANTS[name])
+    if any(c not in have for c in need):
+        raise ValueError(_refusal(name, have))
     return stacks[stack]
 
 
@@ -125,12 +181,13 @@ def attention_weights(model, params, stack: str = "decoder", layer: int = 0, kin
     ``W_Q, W_K, W_V [N,D,H]`` (kv head ``n // (N // K)`` repeated to query head ``n``) and
     ``W_O [N,H,D]``. ``kind``: ``"attn"`` (self-attention) or ``"cross_attn"`` (the decoder of
     an encoder_decoder model; its keys and values read the encoder output). Scanned or
-    unrolled ``params`` alike."""
-    L = _check(model, stack)
-    if not 0 <= layer < L:
-        raise ValueError(f"layer={layer} is out of range for stack {stack!r} of {L} layers")
+    unrolled ``params`` alike. Where only the QK circuit applies (retention), ``W_Q`` and
+    ``W_K`` alone."""
     if kind not in ATTENTION_KEYS:
         raise ValueError(f"kind={kind!r} must be one of {sorted(ATTENTION_KEYS)}")
+    L = _check(model, stack, kind, need=("qk",))
+    if not 0 <= layer < L:
+        raise ValueError(f"layer={layer} is out of range for stack {stack!r} of {L} layers")
     _, params = model.unrolled(params)
     block = params["params"][stack][f"layer_{layer}"]
     if ATTENTION_KEYS[kind] not in block:
@@ -141,12 +198,14 @@ def attention_weights(model, params, stack: str = "decoder", layer: int = 0, kin
     def per_query_head(kernel):  # [D,K,H] -> [N,D,H]
         return jnp.repeat(jnp.transpose(kernel, (1, 0, 2)), N // K, axis=0)
 
-    return {
+    weights = {
         "W_Q": jnp.transpose(p["query"]["kernel"], (1, 0, 2)),
         "W_K": per_query_head(p["key"]["kernel"]),
-        "W_V": per_query_head(p["value"]["kernel"]),
-        "W_O": p["out"]["kernel"],
     }
+    if "ov" in circuits_of(ATTENTION_VARIANTS[stack_attention(model, stack, kind)]):
+        weights["W_V"] = per_query_head(p["value"]["kernel"])
+        weights["W_O"] = p["out"]["kernel"]
+    return weights
 
 
 def qk_circuit(weights: dict) -> FactoredMatrix:
@@ -157,6 +216,11 @@ def qk_circuit(weights: dict) -> FactoredMatrix:
 def ov_circuit(weights: dict) -> FactoredMatrix:
     """``OV[n] = W_V[n] W_O[n]`` ``[N,D,D]`` (rank H): head ``n`` writes ``x OV[n]`` for an
     attended row ``x``."""
+    if "W_V" not in weights:
+        raise ValueError(
+            "these weights have no W_V/W_O: attention_weights leaves them out of a layer "
+            "whose OV circuit does not apply (see circuits_of)"
+        )
     return FactoredMatrix(weights["W_V"], weights["W_O"])
 
 
@@ -185,6 +249,7 @@ def full_qk_circuit(model, params, layer: int, stack: str = "decoder", kind: str
 def full_ov_circuit(model, params, layer: int, stack: str = "decoder", kind: str = "attn"):
     """``W_E OV W_U`` ``[N,V,V]`` (factored, rank H): how attending to a token moves the
     output logits straight through the unembedding."""
+    _check(model, stack, kind)
     W_E, W_U = embedding_matrices(model, params)
     return W_E @ ov_circuit(attention_weights(model, params, stack, layer, kind)) @ W_U
 

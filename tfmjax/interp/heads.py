@@ -9,15 +9,23 @@ a token whose first occurrence is ``d`` positions back scores
 - induction:       its attention to the token after that first occurrence (``d − 1`` back),
 
 averaged over the second copy's queries and the batch: ``[L,N]`` per score.
+
+They read ``attn.hook_pattern``, which softmax attention forms; a stack whose self-attention
+forms none (retention: decayed scores, not a softmax; selective_scan: no attention;
+nystrom: three landmark kernels, their product never formed) is refused in one line. An
+encoder_decoder model's other stack keeps softmax, and is scored as usual.
 """
 
 from __future__ import annotations
+
+import fnmatch
 
 import jax
 import jax.numpy as jnp
 
 from tfmjax.data.vocab import RESERVED_TOKENS
-from tfmjax.interp.hooked import run_with_cache
+from tfmjax.interp.circuits import stack_attention
+from tfmjax.interp.hooked import hook_shapes, run_with_cache
 
 SCORES = ("previous_token", "duplicate_token", "induction")
 
@@ -60,6 +68,12 @@ def head_scores(
             f"{model.config.max_len}; pass a smaller length"
         )
     data = repeated_batch(model, key, batch, length, high)
-    _, cache = run_with_cache(model, params, data, names=[f"{stack}.blocks.*.attn.hook_pattern"])
+    names = f"{stack}.blocks.*.attn.hook_pattern"
+    if not any(fnmatch.fnmatchcase(n, names) for n in hook_shapes(model, params, data)):
+        raise ValueError(
+            f"head scores read attention patterns ({names}); the {stack}'s self-attention, "
+            f"model.attention={stack_attention(model, stack)!r}, forms none (softmax does)"
+        )
+    _, cache = run_with_cache(model, params, data, names=[names])
     patterns = cache.stack("attn.hook_pattern", stack)  # [L,B,N,T,T]
     return scores_from_patterns(patterns, length, shift=int(stack == "decoder"))

@@ -40,10 +40,14 @@ landmark axis of ``A``). Computed in float32, returned in ``q``'s dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import jax
 import jax.numpy as jnp
 
 PINV_ITERATIONS = 6  # the paper's
+# The intermediates a caller can tap (``taps`` of :func:`nystrom_attention`).
+TAPS = ("landmarks_q", "landmarks_k", "kernel_f", "kernel_a", "kernel_b")
 
 
 def segment_weights(mask, num_landmarks: int):
@@ -92,6 +96,26 @@ def _masked_softmax(logits, keep):
     return jax.nn.softmax(jnp.where(keep, logits, jnp.finfo(logits.dtype).min), axis=-1)
 
 
+def _tap(taps, name: str, x, heads_shape):
+    """``x`` through ``taps[name]`` when there is one, seen as ``heads_shape`` (the kv head
+    and group axes ``K, G`` merged into query heads ``N = K·G``: head ``n = k·G + g``)."""
+    if not taps or name not in taps:
+        return x
+    return taps[name](x.reshape(heads_shape)).reshape(x.shape)
+
+
+def _kernels(qg, k, q_land, k_land, mask, real, scale: float):
+    """``F [B,K,G,T,M]``, ``A [B,K,G,M,M]`` and ``B [B,K,G,M,S]`` (module docstring)."""
+    f_logits = jnp.einsum("BTKGH,BMKH->BKGTM", qg, k_land) * scale
+    f = _masked_softmax(f_logits, real[:, None, None, None, :])
+    a_logits = jnp.einsum("BMKGH,BUKH->BKGMU", q_land, k_land) * scale
+    both = real[:, None, None, :, None] & real[:, None, None, None, :]
+    a = jnp.where(both, _masked_softmax(a_logits, real[:, None, None, None, :]), 0.0)
+    b_logits = jnp.einsum("BMKGH,BTKH->BKGMT", q_land, k) * scale
+    b = _masked_softmax(b_logits, mask[:, None, None, None, :].astype(bool))
+    return f, a, b
+
+
 def nystrom_attention(
     q,
     k,
@@ -102,29 +126,34 @@ def nystrom_attention(
     scale: float | None = None,
     pinv_iterations: int = PINV_ITERATIONS,
     conv_kernel=None,
+    taps: Mapping[str, Callable] | None = None,
 ):
     """Nyström attention ``[B,T,N,H]`` (see the module docstring). ``mask [B,T]``: real
     tokens (None: all); ``scale`` of the logits (None: ``1/√H``); ``conv_kernel [W,N]``:
     the paper's depthwise convolution over ``V`` added to the output (None: none; see
-    :func:`depthwise_conv`)."""
+    :func:`depthwise_conv`).
+
+    ``taps``: functions ``x -> x`` that see (and may replace) the intermediates of
+    :data:`TAPS` on the way, float32: ``landmarks_q [B,M,N,H]``, ``landmarks_k [B,M,K,H]``,
+    ``kernel_f [B,N,T,M]``, ``kernel_a [B,N,M,M]``, ``kernel_b [B,N,M,S]`` (the layer's hook
+    points). A name without a tap costs nothing: the computation is the same without it."""
     B, T, N, H = q.shape
     K = k.shape[2]
     G = N // K
+    M = num_landmarks
     scale = H**-0.5 if scale is None else scale
     if mask is None:
         mask = jnp.ones((B, T), bool)
     qg = q.astype(jnp.float32).reshape(B, T, K, G, H)
     k, v = k.astype(jnp.float32), v.astype(jnp.float32)
-    weights, real = segment_weights(mask, num_landmarks)  # [B,T,M], [B,M]
+    weights, real = segment_weights(mask, M)  # [B,T,M], [B,M]
     q_land = jnp.einsum("BTM,BTKGH->BMKGH", weights, qg)
-    k_land = jnp.einsum("BTM,BTKH->BMKH", weights, k)
-    f_logits = jnp.einsum("BTKGH,BMKH->BKGTM", qg, k_land) * scale
-    f = _masked_softmax(f_logits, real[:, None, None, None, :])
-    a_logits = jnp.einsum("BMKGH,BUKH->BKGMU", q_land, k_land) * scale
-    both = real[:, None, None, :, None] & real[:, None, None, None, :]
-    a = jnp.where(both, _masked_softmax(a_logits, real[:, None, None, None, :]), 0.0)
-    b_logits = jnp.einsum("BMKGH,BTKH->BKGMT", q_land, k) * scale
-    b = _masked_softmax(b_logits, mask[:, None, None, None, :].astype(bool))
+    q_land = _tap(taps, "landmarks_q", q_land, (B, M, N, H))
+    k_land = _tap(taps, "landmarks_k", jnp.einsum("BTM,BTKH->BMKH", weights, k), (B, M, K, H))
+    f, a, b = _kernels(qg, k, q_land, k_land, mask, real, scale)
+    f = _tap(taps, "kernel_f", f, (B, N, T, M))
+    a = _tap(taps, "kernel_a", a, (B, N, M, M))
+    b = _tap(taps, "kernel_b", b, (B, N, M, T))
     bv = jnp.einsum("BKGMT,BTKH->BKGMH", b, v)
     out = f @ (iterative_pinv(a, pinv_iterations) @ bv)  # [B,K,G,T,H]
     out = jnp.einsum("BKGTH->BTKGH", out).reshape(B, T, N, H)

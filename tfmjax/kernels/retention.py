@@ -17,6 +17,10 @@ parallel form, across chunks the state ``S [B,N,H,J]`` carried by a ``lax.scan``
 * :func:`retention_chunkwise`: chunk by chunk from a carried state: O(T C) time and the
   decoding path (prefill and one-token steps alike).
 
+The parallel form's parts, for the hook points of :mod:`tfmjax.layers.retention`:
+:func:`retention_scores` (the decayed scores ``[B,N,T,S]``), :func:`retention_from_scores`
+(their product with ``v``) and :func:`retention_state` (the state after the sequence).
+
 This is the xPos-free variant: positions enter only through the decay (and, when the model
 uses it, RoPE applied to ``q`` and ``k`` by the caller: RetNet's rotation ``e^{i n theta}``
 without xPos' extra scaling). The paper's score normalisations (dividing ``D`` by its row
@@ -66,14 +70,43 @@ def decay_mask(log_gamma, length: int):
     return jnp.exp(jnp.where(dist >= 0, dist * lg, -jnp.inf))
 
 
+def retention_scores(q, k, log_gamma, *, kv_mask=None):
+    """The decayed scores ``(Q K^T) * D`` ``[B,N,T,S]`` (float32) of the parallel form:
+    ``gamma_n^(t-s) (q_t . k_s)`` for ``s <= t``, 0 above the diagonal and at padding keys."""
+    _check(q, k, k, log_gamma, kv_mask)
+    q, k, _ = _prepare(q, k, k, kv_mask)
+    return jnp.einsum("BTNH,BSNH->BNTS", q, k) * decay_mask(log_gamma, q.shape[1])[None]
+
+
+def retention_from_scores(scores, v):
+    """``scores [B,N,T,S] @ v [B,S,N,J]`` -> ``[B,T,N,J]`` float32: the parallel form's
+    output from its (possibly edited) decayed scores."""
+    return jnp.einsum("BNTS,BSNJ->BTNJ", scores, v.astype(jnp.float32))
+
+
 def retention_parallel(q, k, v, log_gamma, *, kv_mask=None):
     """The parallel form ``(Q K^T * D) V``: ``q, k [B,T,N,H]``, ``v [B,T,N,J]`` ->
     ``[B,T,N,J]``."""
     _check(q, k, v, log_gamma, kv_mask)
-    dtype = q.dtype
-    q, k, v = _prepare(q, k, v, kv_mask)
-    scores = jnp.einsum("BTNH,BSNH->BNTS", q, k) * decay_mask(log_gamma, q.shape[1])[None]
-    return jnp.einsum("BNTS,BSNJ->BTNJ", scores, v).astype(dtype)
+    scores = retention_scores(q, k, log_gamma, kv_mask=kv_mask)
+    return retention_from_scores(scores, v).astype(q.dtype)
+
+
+def _decayed_sum(k, v, lg):
+    """``sum_s gamma^(C-1-s) k_s^T v_s`` ``[B,N,H,J]`` over a chunk ``k [B,C,N,H]``, ``v
+    [B,C,N,J]`` (float32; ``lg`` float32 ``[N]``)."""
+    steps = jnp.arange(k.shape[1], dtype=jnp.float32)
+    left = jnp.exp((k.shape[1] - 1.0 - steps)[:, None] * lg[None, :])  # [C,N]
+    return jnp.einsum("BSNH,BSNJ->BNHJ", k * left[None, :, :, None], v)
+
+
+def retention_state(k, v, log_gamma, *, kv_mask=None):
+    """The state after the whole sequence from an empty one, ``S_T = sum_s gamma^(T-1-s)
+    k_s^T v_s`` ``[B,N,H,J]`` (float32): what the recurrent and chunkwise forms carry on
+    from (padding keys left out)."""
+    _check(k, k, v, log_gamma, kv_mask)
+    _, k, v = _prepare(k, k, v, kv_mask)
+    return _decayed_sum(k, v, jnp.asarray(log_gamma, jnp.float32))
 
 
 def init_retention_state(batch: int, num_heads: int, key_dim: int, value_dim: int):
@@ -119,10 +152,7 @@ def _chunk(log_gamma, state, xs):
     into = jnp.exp((steps[:, None] + 1.0) * lg[None, :])  # [C,N]
     out = out + jnp.einsum("BTNH,BNHJ->BTNJ", q, state) * into[None, :, :, None]
     # S_new = gamma^C S + sum_s gamma^(C-1-s) k_s^T v_s.
-    left = jnp.exp((C - 1.0 - steps)[:, None] * lg[None, :])  # [C,N]
-    state = jnp.exp(C * lg)[None, :, None, None] * state + jnp.einsum(
-        "BSNH,BSNJ->BNHJ", k * left[None, :, :, None], v
-    )
+    state = jnp.exp(C * lg)[None, :, None, None] * state + _decayed_sum(k, v, lg)
     return state, out
 
 
@@ -157,6 +187,9 @@ __all__ = [
     "init_retention_state",
     "retention_chunkwise",
     "retention_decays",
+    "retention_from_scores",
     "retention_parallel",
     "retention_recurrent",
+    "retention_scores",
+    "retention_state",
 ]

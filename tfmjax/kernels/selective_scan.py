@@ -13,6 +13,9 @@ zero-order-hold discretisation (``B`` simplified to Euler, as in the paper's cod
   ``jax.lax.associative_scan`` over the pairs ``(a_t, b_t)`` with
   ``(a, b) o (a', b') = (a a', a' b + b')`` (O(T E P) memory: ``h`` is materialised).
 * :func:`selective_scan_recurrent`: one token at a time (``lax.scan``).
+* :func:`selective_scan_states` and :func:`read_states`: the parallel form's two halves
+  (every state ``h_t``, then ``y_t = h_t . Cm_t``), for the hook ``hook_h`` of
+  :mod:`tfmjax.layers.selective_scan`.
 
 Both start from a carried state ``h0 [B,E,P]`` and return the last state, so decoding (a
 prompt, then one token per step) continues exactly where the previous call stopped. A
@@ -49,16 +52,27 @@ def _combine(left, right):
     return a1 * a2, a2 * b1 + b2
 
 
+def selective_scan_states(u, delta, a, bm, h0):
+    """Every state of the parallel form, ``h [B,T,E,P]`` (float32): ``u, delta [B,T,E]``,
+    ``a [E,P]``, ``bm [B,T,P]``, ``h0 [B,E,P]``."""
+    _check(u, delta, a, bm, bm, h0)
+    decay, drive = _discretise(u, delta, a, bm)
+    # Fold the carried state into the first step: h_1 = a_1 h0 + b_1.
+    drive = drive.at[:, 0].add(decay[:, 0] * h0.astype(jnp.float32))
+    return lax.associative_scan(_combine, (decay, drive), axis=1)[1]
+
+
+def read_states(h, cm):
+    """``y_t = h_t . Cm_t``: ``h [B,T,E,P]``, ``cm [B,T,P]`` -> ``y [B,T,E]`` float32."""
+    return jnp.einsum("BTEP,BTP->BTE", h, cm.astype(jnp.float32))
+
+
 def selective_scan(u, delta, a, bm, cm, h0):
     """Parallel form: ``u, delta [B,T,E]``, ``a [E,P]``, ``bm, cm [B,T,P]``, ``h0 [B,E,P]``
     -> ``(y [B,T,E], h_T [B,E,P])``."""
     _check(u, delta, a, bm, cm, h0)
-    decay, drive = _discretise(u, delta, a, bm)
-    # Fold the carried state into the first step: h_1 = a_1 h0 + b_1.
-    drive = drive.at[:, 0].add(decay[:, 0] * h0.astype(jnp.float32))
-    _, h = lax.associative_scan(_combine, (decay, drive), axis=1)
-    y = jnp.einsum("BTEP,BTP->BTE", h, cm.astype(jnp.float32))
-    return y.astype(u.dtype), h[:, -1]
+    h = selective_scan_states(u, delta, a, bm, h0)
+    return read_states(h, cm).astype(u.dtype), h[:, -1]
 
 
 def selective_scan_recurrent(u, delta, a, bm, cm, h0):
@@ -92,4 +106,10 @@ def causal_conv(x, kernel, bias, state):
     return out + bias.astype(x.dtype)[None, None], padded[:, padded.shape[1] - (W - 1) :]
 
 
-__all__ = ["causal_conv", "selective_scan", "selective_scan_recurrent"]
+__all__ = [
+    "causal_conv",
+    "read_states",
+    "selective_scan",
+    "selective_scan_recurrent",
+    "selective_scan_states",
+]

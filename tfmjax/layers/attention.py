@@ -246,7 +246,7 @@ class MultiHeadAttention(nn.Module):
             out = attention_fn(q, k, v, **kw, impl=self.impl)
         out = hook(self, "hook_z", out)
         if wanted(self, "hook_result"):
-            return self._through_result(out), cache
+            return through_result(self, out), cache
         return self.out(out), cache
 
     def _project_heads(self, inputs: HeadInputs):
@@ -272,13 +272,15 @@ class MultiHeadAttention(nn.Module):
             return reference.weighted_values(pattern, v).astype(q.dtype)
         return attention_fn(q, k, v, **kw, impl=self.impl)
 
-    def _through_result(self, z):
-        """The output with each head's share ``[B,T,N,D]`` formed (hook ``hook_result``); it is
-        ``self.out(z)`` unless the result is edited: then the heads' sum plus the bias."""
-        out = self.variables["params"]["out"]
-        result = jnp.einsum("BTNH,NHD->BTND", z, out["kernel"].astype(z.dtype))
-        result = hook(self, "hook_result", result)
-        if not edited(self, "hook_result"):
-            return self.out(z)
-        y = jnp.sum(result, axis=2)
-        return y + out["bias"].astype(y.dtype).reshape(1, 1, -1) if self.attention_bias else y
+
+def through_result(module: nn.Module, z):
+    """``module.out(z)`` (``z [B,T,N,H]``, ``out`` from :func:`head_projections`) with each
+    head's share ``[B,T,N,D]`` formed (hook ``hook_result``); it is ``module.out(z)`` unless
+    the result is edited: then the heads' sum plus the bias (``module.attention_bias``)."""
+    out = module.variables["params"]["out"]
+    result = jnp.einsum("BTNH,NHD->BTND", z, out["kernel"].astype(z.dtype))
+    result = hook(module, "hook_result", result)
+    if not edited(module, "hook_result"):
+        return module.out(z)
+    y = jnp.sum(result, axis=2)
+    return y + out["bias"].astype(y.dtype).reshape(1, 1, -1) if module.attention_bias else y

@@ -7,7 +7,9 @@ Each class builds itself from a block's config and owns its decoding cache:
 * ``cache_bytes(cfg, batch, num_layers, capacity)``: that cache's bytes by formula (segment
   ids and indices aside), for ``num_layers`` layers;
 * ``qk_ov_circuits``: whether per-head query, key, value and out kernels make the QK/OV
-  circuits of :mod:`tfmjax.interp.circuits`;
+  circuits of :mod:`tfmjax.interp.circuits` (optional: ``qk_circuit``, true where the QK
+  circuit applies without the OV one, and ``circuits_refused``, the reason given when they
+  are refused);
 * ``causal_only``: no bidirectional form (:data:`CAUSAL_ONLY`): an encoder keeps softmax
   self-attention and an encoder_only model refuses it;
 * ``bidirectional_only``: no causal form (:data:`BIDIRECTIONAL_ONLY`), the reverse: a

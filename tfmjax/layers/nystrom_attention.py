@@ -13,19 +13,42 @@ encoder_only model uses it in every block; an encoder_decoder model in its encod
 the decoder keeps softmax self-attention; a decoder_only model refuses it in the config.
 With ``conv_width`` > 0, the paper's skip path adds a depthwise convolution over ``V``
 (``conv_kernel [W,N]``, one kernel per query head) to the attention output.
+
+Hooks (:mod:`tfmjax.layers.hooks`), under the block's ``attn.``; ``M`` landmarks, the
+kernels named by the paper's eq. 14 (``F̃``, ``Ã``, ``B̃``; float32):
+
+- ``hook_q [B,T,N,H]``, ``hook_k``/``hook_v [B,S,K,H]``: the projections (TransformerLens's
+  meaning: before RoPE); ``hook_rot_q``/``hook_rot_k``: after RoPE (RoPE models only), as
+  the kernel reads them;
+- ``hook_landmarks_q [B,M,N,H]``, ``hook_landmarks_k [B,M,K,H]``: the segment means ``Q̃``,
+  ``K̃`` of the queries and keys (padding left out);
+- ``hook_kernel_f [B,N,T,M]``: ``softmax(Q K̃ᵀ/√H)``, each query over the landmark keys;
+- ``hook_kernel_a [B,N,M,M]``: ``softmax(Q̃ K̃ᵀ/√H)``, the one that is pseudo-inverted;
+- ``hook_kernel_b [B,N,M,S]``: ``softmax(Q̃ Kᵀ/√H)``, each landmark query over the keys;
+- ``hook_z [B,T,N,H]``: the per-head output ``F̃ Ã⁺ (B̃ V)`` (plus the convolution over
+  ``V`` with ``conv_width``);
+- ``hook_result [B,T,N,D]``: each head's share of the output, before the sum and the bias.
+
+The kernel forms the landmarks and the three kernels anyway; a hook only passes them
+through (reshaped to one axis of query heads) when it is asked for, and an edit flows into
+what follows (an edited ``Ã`` is the one pseudo-inverted). There is no ``hook_pattern``
+(the product ``F̃ Ã⁺ B̃`` is never formed, and is not a softmax), so head scores refuse
+the stacks that use it; QK/OV circuits apply (:mod:`tfmjax.interp.circuits`).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from tfmjax.kernels.nystrom import nystrom_attention
-from tfmjax.layers.attention import head_projections
+from tfmjax.kernels.nystrom import TAPS, nystrom_attention
+from tfmjax.layers.attention import head_projections, through_result
 from tfmjax.layers.axes import HEADS, named
 from tfmjax.layers.block_config import BlockConfig
+from tfmjax.layers.hooks import hook, wanted
 from tfmjax.layers.positions import apply_rope
 
 NO_CACHE = "model.attention='nystrom' is bidirectional only and has no decoding cache"
@@ -45,7 +68,9 @@ class NystromAttention(nn.Module):
     rope_layout: str = "interleaved"
     scale: float | None = None  # of the logits; None: 1/sqrt(head_dim)
     dtype: jnp.dtype = jnp.float32
-    qk_ov_circuits: ClassVar[bool] = False  # landmarks and a pseudo-inverse between q and k
+    # Per-head query, key, value and out kernels: every kernel's logits are segment means of
+    # x_q W_Q W_Kᵀ x_kᵀ, and each head writes a mix of its rows' x W_V W_O (QK/OV circuits).
+    qk_ov_circuits: ClassVar[bool] = True
     causal_only: ClassVar[bool] = False
     bidirectional_only: ClassVar[bool] = True  # no causal form: decoders keep softmax
 
@@ -108,9 +133,10 @@ class NystromAttention(nn.Module):
         if causal or cache is not None:
             raise ValueError(NO_CACHE.replace("no decoding cache", "no causal form"))
         q, k, v = self.query(x), self.key(x), self.value(x)
+        q, k, v = (hook(self, f"hook_{n}", a) for n, a in (("q", q), ("k", k), ("v", v)))
         if self.rope_base is not None:
-            q = apply_rope(q, q_positions, self.rope_base, self.rope_layout)
-            k = apply_rope(k, q_positions, self.rope_base, self.rope_layout)
+            rope = lambda a: apply_rope(a, q_positions, self.rope_base, self.rope_layout)  # noqa: E731
+            q, k = hook(self, "hook_rot_q", rope(q)), hook(self, "hook_rot_k", rope(k))
         keep = None if kv_segment_ids is None else kv_segment_ids != 0
         out = nystrom_attention(
             q,
@@ -120,5 +146,13 @@ class NystromAttention(nn.Module):
             mask=keep,
             scale=self.scale,
             conv_kernel=self.conv_kernel if self.conv_width else None,
+            taps={
+                n: functools.partial(hook, self, f"hook_{n}")
+                for n in TAPS
+                if wanted(self, f"hook_{n}")
+            },
         )
+        out = hook(self, "hook_z", out)
+        if wanted(self, "hook_result"):
+            return through_result(self, out), None
         return self.out(out), None

@@ -20,6 +20,23 @@ constant size. Padding (segment id 0) enters neither: its convolution input is z
 its ``delta`` is 0 (the state passes through unchanged). Packed rows are not separated.
 Causal only. Initialisation as the paper's code: ``A_log = log(1..P)``, ``D_skip = 1``,
 ``dt_proj``'s bias the inverse softplus of steps log-uniform in ``[1e-3, 1e-1]``.
+
+Hooks (:mod:`tfmjax.layers.hooks`), under the block's ``attn.`` (no heads: every hook has
+the position on axis 1, and none a head axis):
+
+- ``hook_conv_in [B,T,E]``: the convolution's input, ``x`` of ``in_proj`` (0 at padding);
+- ``hook_ssm_input [B,T,E]``: ``u = silu(causal_conv(x))``, the scan's input;
+- ``hook_delta [B,T,E]``: the step ``delta`` (after the softplus; 0 at padding, float32);
+- ``hook_B``, ``hook_C [B,T,P]``: the input-dependent ``Bm`` and ``Cm``;
+- ``hook_h [B,T,E,P]``: every state ``h_t`` (float32), formed only when asked for; ``y``
+  is then read from it (``y_t = h_t . Cm_t``), so an edit reaches the output;
+- ``hook_ssm_state [B,E,P]``: the state after the sequence (float32; no position axis);
+  nothing in the forward pass reads it (a decoding step carries on from it: with a cache
+  it is the new ``h``);
+- ``hook_ssm_output [B,T,E]``: ``scan(...) + D_skip * u``, before the gate;
+- ``hook_ssm_gate [B,T,E]``: ``silu(z)``, which multiplies it before ``out_proj``.
+
+No queries, keys or heads: QK/OV circuits and head scores refuse it.
 """
 
 from __future__ import annotations
@@ -32,10 +49,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfmjax.kernels.selective_scan import causal_conv, selective_scan
+from tfmjax.kernels.selective_scan import (
+    causal_conv,
+    read_states,
+    selective_scan,
+    selective_scan_states,
+)
 from tfmjax.layers.axes import EMBED, MLP, dense_inits, named
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.folded_dot import folded_dot_general
+from tfmjax.layers.hooks import hook, wanted
 
 DT_MIN, DT_MAX = 1e-3, 1e-1
 
@@ -60,7 +83,8 @@ class SelectiveScan(nn.Module):
     expand: int = 2
     conv_width: int = 4
     dtype: jnp.dtype = jnp.float32
-    qk_ov_circuits: ClassVar[bool] = False  # no queries or keys
+    qk_ov_circuits: ClassVar[bool] = False
+    circuits_refused: ClassVar[str] = "it has no queries, keys or heads"
     causal_only: ClassVar[bool] = True  # no bidirectional form
     bidirectional_only: ClassVar[bool] = False
 
@@ -105,29 +129,17 @@ class SelectiveScan(nn.Module):
         if not causal:
             raise ValueError("selective_scan is causal only: use it as a decoder's self-mixer")
         B, T, D = x.shape
-        E, P, W, R = self.expand * D, self.state_size, self.conv_width, math.ceil(D / 16)
-        dense = (
-            lambda features, name, kernel, **kw: nn.DenseGeneral(  # noqa: E731
-                features,
-                dtype=self.dtype,
-                dot_general=folded_dot_general,
-                name=name,
-                **dense_inits(kernel, kernel[1:]),
-                **kw,
-            )
-        )
-        xz = dense((2, E), "in_proj", (EMBED, None, MLP), use_bias=False)(x)
+        E, P, R = self.expand * D, self.state_size, math.ceil(D / 16)
+        xz = self._dense((2, E), "in_proj", (EMBED, None, MLP), use_bias=False)(x)
         xs, z = xz[:, :, 0], xz[:, :, 1]
         keep = jnp.ones((B, T), bool) if q_segment_ids is None else q_segment_ids != 0
-        xs = jnp.where(keep[..., None], xs, 0)
-        kernel = self.param("conv_kernel", named(nn.initializers.lecun_normal(), None, MLP), (W, E))
-        conv_bias = self.param("conv_bias", named(nn.initializers.zeros, MLP), (E,))
-        state = jnp.zeros((B, W - 1, E), xs.dtype) if cache is None else cache["conv"]
-        u, conv_state = causal_conv(xs, kernel, conv_bias, state)
-        u = nn.silu(u)
+        xs = hook(self, "hook_conv_in", jnp.where(keep[..., None], xs, 0))
+        u, conv_state = self._conv(xs, cache)
+        u = hook(self, "hook_ssm_input", nn.silu(u))
         dt, bm, cm = jnp.split(
-            dense(R + 2 * P, "x_proj", (MLP, None), use_bias=False)(u), [R, R + P], -1
+            self._dense(R + 2 * P, "x_proj", (MLP, None), use_bias=False)(u), [R, R + P], -1
         )
+        bm, cm = hook(self, "hook_B", bm), hook(self, "hook_C", cm)
         dt_proj = nn.Dense(
             E,
             dtype=self.dtype,
@@ -136,12 +148,15 @@ class SelectiveScan(nn.Module):
             bias_init=named(_dt_bias_init, MLP),
         )
         delta = jnp.where(keep[..., None], jax.nn.softplus(dt_proj(dt).astype(jnp.float32)), 0.0)
+        delta = hook(self, "hook_delta", delta)
         a_log = self.param("A_log", named(_a_log_init, MLP, None), (E, P))
         d_skip = self.param("D_skip", named(nn.initializers.ones, MLP), (E,))
         h0 = jnp.zeros((B, E, P), jnp.float32) if cache is None else cache["h"]
-        y, h = selective_scan(u, delta, -jnp.exp(a_log), bm, cm, h0)
-        y = (y + u * d_skip.astype(u.dtype)[None, None]) * nn.silu(z)
-        out = dense(D, "out_proj", (MLP, EMBED), use_bias=False)(y)
+        y, h = self._scan(u, delta, -jnp.exp(a_log), bm, cm, h0)
+        h = hook(self, "hook_ssm_state", h)
+        y = hook(self, "hook_ssm_output", y + u * d_skip.astype(u.dtype)[None, None])
+        y = y * hook(self, "hook_ssm_gate", nn.silu(z))
+        out = self._dense(D, "out_proj", (MLP, EMBED), use_bias=False)(y)
         if cache is None:
             return out, None
         return out, {
@@ -149,3 +164,32 @@ class SelectiveScan(nn.Module):
             "conv": conv_state.astype(cache["conv"].dtype),
             "index": cache["index"] + T,
         }
+
+    def _dense(self, features, name: str, kernel: tuple, **kw) -> nn.Module:
+        """A projection whose kernel's axes are named ``kernel`` (its bias's: the rest)."""
+        return nn.DenseGeneral(
+            features,
+            dtype=self.dtype,
+            dot_general=folded_dot_general,
+            name=name,
+            **dense_inits(kernel, kernel[1:]),
+            **kw,
+        )
+
+    def _conv(self, xs, cache):
+        """The causal depthwise convolution of ``xs [B,T,E]`` (after the cached inputs):
+        ``(out [B,T,E], its new state [B,W-1,E])``."""
+        B, _, E = xs.shape
+        W = self.conv_width
+        kernel = self.param("conv_kernel", named(nn.initializers.lecun_normal(), None, MLP), (W, E))
+        conv_bias = self.param("conv_bias", named(nn.initializers.zeros, MLP), (E,))
+        state = jnp.zeros((B, W - 1, E), xs.dtype) if cache is None else cache["conv"]
+        return causal_conv(xs, kernel, conv_bias, state)
+
+    def _scan(self, u, delta, a, bm, cm, h0):
+        """``(y [B,T,E], h_T [B,E,P])``; every state ``h [B,T,E,P]`` is hooked (``hook_h``)
+        only when wanted, and ``y`` is then read from it as hooked."""
+        if not wanted(self, "hook_h"):
+            return selective_scan(u, delta, a, bm, cm, h0)
+        h = hook(self, "hook_h", selective_scan_states(u, delta, a, bm, h0))
+        return read_states(h, cm).astype(u.dtype), h[:, -1]
