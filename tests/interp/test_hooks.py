@@ -252,6 +252,10 @@ def test_unknown_and_ambiguous_names_are_one_line_errors(rows, tiny):
         run_with_cache(model, params, batch, names=["blocks.0.attn.hook_q"])
     with pytest.raises(ValueError, match="no head axis"):
         selection("decoder.blocks.0.hook_resid_pre", (1, 4, 8), heads=[0])
+    with pytest.raises(ValueError, match="no position axis; patch it by head"):
+        selection("decoder.blocks.0.attn.hook_state", (1, 4, 8, 8), positions=[0])
+    with pytest.raises(ValueError, match="no position axis; patch it whole"):
+        selection("decoder.blocks.0.attn.hook_ssm_state", (1, 16, 4), positions=[0])
 
 
 def test_prepare_unrolls_and_turns_remat_off(rows, tiny):

@@ -31,6 +31,7 @@ from tfmjax.interp.circuits import (
     ov_circuit,
     qk_circuit,
 )
+from tfmjax.interp.hooked import axes
 from tfmjax.models import build, preset
 
 B, T = 2, 8
@@ -159,6 +160,15 @@ def test_every_hook_point_is_listed_with_its_shape(mixer):
         got = {n[len(prefix) :]: s for n, s in shapes.items() if n.startswith(prefix)}
         assert got == want
         assert {n: tuple(mixer.cache[prefix + n].shape) for n in want} == want
+    # Patching reads the position and head axes by name: they are the shape's T and N axes
+    # (Nyström's landmark rows aside), or absent (the states).
+    cfg, T = mixer.model.config, mixer.batch[mixer.model.token_keys[-1]].shape[1]
+    landmark_rows = ("hook_landmarks_q", "hook_landmarks_k", "hook_kernel_a", "hook_kernel_b")
+    for name, shape in want.items():
+        position, head = axes(name)
+        assert head is None or shape[head] == cfg.num_heads, name
+        assert position is None or name in landmark_rows or shape[position] == T, name
+        assert (position is None) == name.endswith("state"), name
 
 
 def test_cached_logits_are_the_plain_apply(mixer):

@@ -26,7 +26,7 @@ from tfmjax.checkpoint import (
 from tfmjax.config import Experiment, from_dict
 from tfmjax.data.vocab import RESERVED_TOKENS
 from tfmjax.interp.attribution import logit_attribution
-from tfmjax.interp.heads import SCORES, head_scores
+from tfmjax.interp.heads import SCORES, head_scores, pattern_stacks
 from tfmjax.interp.hooked import (
     ActivationCache,
     hook_shapes,
@@ -143,10 +143,12 @@ def corrupt_prompts(run: Run, batch: dict, key) -> dict:
 
 
 def heads_report(run: Run, length: int = 10, batch: int = 32, seed: int = 0) -> dict:
-    """Head scores ``{score: [L][N]}`` of every self-attention stack, and the top head of
-    each score (as ``"stack L{l}H{n}"``)."""
+    """Head scores ``{score: [L][N]}`` of every self-attention stack that forms patterns
+    (a retention, selective-scan or Nyström stack forms none), and the top head of each
+    score (as ``"stack L{l}H{n}"``)."""
     out = {}
-    for stack in run.model.layer_stacks():
+    stacks = pattern_stacks(run.model, run.params) or list(run.model.layer_stacks())[:1]
+    for stack in stacks:  # none: head_scores refuses the first stack in one line
         length_fit = min(length, run.model.config.max_len // 2)
         scores = head_scores(
             run.model,

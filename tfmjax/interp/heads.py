@@ -56,6 +56,17 @@ def scores_from_patterns(patterns, length: int, shift: int):
     return out
 
 
+def pattern_stacks(model, params) -> list[str]:
+    """The stacks whose self-attention forms patterns, which head scores read."""
+    shapes = hook_shapes(model, params, model.dummy_batch())
+    wanted = lambda stack: f"{stack}.blocks.*.attn.hook_pattern"  # noqa: E731
+    return [
+        stack
+        for stack in model.layer_stacks()
+        if any(fnmatch.fnmatchcase(n, wanted(stack)) for n in shapes)
+    ]
+
+
 def head_scores(
     model, params, key, *, batch: int = 16, length: int = 10, stack="decoder", high=None
 ):

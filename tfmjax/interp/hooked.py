@@ -224,20 +224,29 @@ def _full_or_given(model, params, batch, names: Iterable[str]) -> tuple[str, ...
 # -- edits ---------------------------------------------------------------------------------
 
 
-def axes(name: str) -> tuple[int, int | None]:
-    """``(position axis, head axis or None)`` of a hook point's activation."""
+def axes(name: str) -> tuple[int | None, int | None]:
+    """``(position axis, head axis)`` of a hook point's activation (None: it has none)."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf in _HEAD_FIRST:  # [B,N,T,S]
         return 2, 1
     if leaf in _HEADS_AFTER_POSITION:  # [B,T,N,...]
         return 1, 2
+    if leaf == "hook_state":  # retention's state [B,N,H,H]
+        return None, 1
+    if leaf == "hook_ssm_state":  # the selective scan's state [B,E,P]
+        return None, None
     return 1, None
 
 
-_HEAD_FIRST = frozenset({"hook_pattern", "hook_attn_scores"})
+# Nyström's kernel_a and kernel_b have landmarks on axis 2, its landmark hooks on axis 1.
+_HEAD_FIRST = frozenset(
+    {"hook_pattern", "hook_attn_scores", "hook_decayed_scores"}
+    | {"hook_kernel_f", "hook_kernel_a", "hook_kernel_b"}
+)
 _HEADS_AFTER_POSITION = frozenset(
     {"hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z", "hook_result"}
     | {"hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input"}
+    | {"hook_gate", "hook_landmarks_q", "hook_landmarks_k"}
 )
 
 
@@ -246,11 +255,13 @@ def selection(name: str, shape: tuple, positions=None, heads=None):
     over the position axis) and ``heads`` of hook ``name`` (None: all of them)."""
     pos_axis, head_axis = axes(name)
     mask = jnp.ones([1] * len(shape), bool)
-    for axis, chosen in ((pos_axis, positions), (head_axis, heads)):
+    for axis, chosen, what in ((pos_axis, positions, "position"), (head_axis, heads, "head")):
         if chosen is None:
             continue
         if axis is None:
-            raise ValueError(f"{name} has no head axis; patch it by position only")
+            other = "by head" if what == "position" and head_axis is not None else "whole"
+            other = "by position only" if what == "head" and pos_axis is not None else other
+            raise ValueError(f"{name} has no {what} axis; patch it {other}")
         chosen = jnp.asarray(chosen)
         if chosen.dtype != bool:
             chosen = jnp.zeros(shape[axis], bool).at[chosen].set(True)

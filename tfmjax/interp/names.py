@@ -14,6 +14,9 @@ import re
 
 # Activations of the attention and the MLP: their layer type is implied.
 _ATTENTION = frozenset({"k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores"})
+# ... and the hook points of retention and Nyström attention, which TransformerLens lacks.
+_ATTENTION |= {"decayed_scores", "state", "gate", "landmarks_q", "landmarks_k"}
+_ATTENTION |= {"kernel_f", "kernel_a", "kernel_b"}
 _MLP = frozenset({"pre", "post", "mid", "pre_linear"})
 _NORM = frozenset({"scale", "normalized"})  # without a layer: the final norm's
 _WORD_ALIASES = {

@@ -93,6 +93,8 @@ def _choice_masks(names, shapes, per: str):
     pos_axis, head_axis = axes(names[0])
     if per in ("head", "position_head") and head_axis is None:
         raise ValueError(f"{names[0]} has no head axis: sweep it per layer or position")
+    if per in ("position", "position_head") and pos_axis is None:
+        raise ValueError(f"{names[0]} has no position axis: sweep it per layer or head")
     grid = [len(names)]
     if per in ("position", "position_head"):
         grid.append(shape[pos_axis])
@@ -169,7 +171,8 @@ def _reduce(x, name: str, per: str):
         "position_head": (pos_axis, head_axis),
     }[per]
     if None in keep:
-        raise ValueError(f"{name} has no head axis: attribute it per layer or position")
+        missing = "head" if per in ("head", "position_head") and head_axis is None else "position"
+        raise ValueError(f"{name} has no {missing} axis: attribute it per layer or the other axis")
     summed = jnp.sum(x, axis=tuple(a for a in range(x.ndim) if a not in keep))
     return summed if per != "position_head" or pos_axis < head_axis else summed.T
 
