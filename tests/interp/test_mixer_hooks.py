@@ -176,12 +176,19 @@ def test_cached_logits_are_the_plain_apply(mixer):
     np.testing.assert_allclose(logits, mixer.logits, rtol=1e-5, atol=1e-5)
 
 
-def _check_retention(run: Run, l: int):
-    N, H = run.model.config.num_heads, run.model.config.head_width
+def _checked_projections(run: Run, l: int):
+    """Checks layer ``l``'s ``hook_q/k/v`` against its input's projections; returns the
+    reader of its ``attn.`` hooks, its attention params and its input."""
     a, p = (lambda n: run.get(l, f"attn.{n}")), run.layer_params(l)["attention"]
     x = _mixer_input(run, l)
     for n, kernel in (("q", "query"), ("k", "key"), ("v", "value")):
         _close(a(f"hook_{n}"), _dense(x, p[kernel]))
+    return a, p, x
+
+
+def _check_retention(run: Run, l: int):
+    N, H = run.model.config.num_heads, run.model.config.head_width
+    a, p, x = _checked_projections(run, l)
     gamma = 1.0 - 2.0 ** (-5.0 - np.arange(N))
     t = np.arange(T)
     decay = np.where(t[:, None] >= t, gamma[:, None, None] ** (t[:, None] - t[None]), 0.0)
@@ -255,10 +262,7 @@ def _razavi_pinv(a, iterations=6):
 
 def _check_nystrom(run: Run, l: int):
     H, M = run.model.config.head_width, run.model.config.num_landmarks
-    a, p = (lambda n: run.get(l, f"attn.{n}")), run.layer_params(l)["attention"]
-    x = _mixer_input(run, l)
-    for n, kernel in (("q", "query"), ("k", "key"), ("v", "value")):
-        _close(a(f"hook_{n}"), _dense(x, p[kernel]))
+    a, p, x = _checked_projections(run, l)
     q, k, v = a("hook_q"), a("hook_k"), a("hook_v")
     means = lambda y: y.reshape(B, M, T // M, *y.shape[2:]).mean(2)  # noqa: E731
     _close(a("hook_landmarks_q"), means(q))
