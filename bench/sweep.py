@@ -75,7 +75,7 @@ def stacked(config: str, overrides: list[str], sizes: list[int], calls: int = 5)
     from tfmjax.train.state import create_state
 
     exp = load(ROOT / config, overrides)
-    run, k = build_run(exp), exp.train.steps_per_call
+    run, k = build_run(exp), exp.train.steps_per_call_on(jax.default_backend())
     sample = run.batch(0)
     batch = {key: np.stack([run.batch(s)[key] for s in range(k)]) for key in sample}
     one = create_state(run.model, run.tx, sample, 0)

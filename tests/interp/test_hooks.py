@@ -62,6 +62,10 @@ def test_hooks_cost_nothing_when_off(rows, tiny, family, monkeypatch):
     monkeypatch.setattr("tfmjax.layers.blocks.wanted", lambda m, n: False)
     monkeypatch.setattr(attention_module, "hook", lambda m, n, x: x)
     assert _lowered(model, params, batch) == with_hooks
+    monkeypatch.undo()
+    # Turned on, recording nothing: no work that a hook does not gate on being wanted.
+    with hooks.hooks_active(capture=()):
+        assert _lowered(model, params, batch) == with_hooks
 
 
 @pytest.mark.parametrize("family", FAMILIES)

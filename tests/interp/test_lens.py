@@ -120,7 +120,7 @@ def check_block(cache, cfg, block_params, stack, l):
 def test_new_hook_points_are_the_models_own_values(rows, tiny, case):
     family, overrides = CASES[case]
     model, params = tiny(family, **overrides)
-    logits, cache = run_with_cache(model, params, rows(model))
+    logits, cache = run_with_cache(model, params, rows(model), ["*"])  # split inputs too
     np.testing.assert_allclose(logits, jax.jit(model.apply)(params, rows(model)), **TOL)
     cfg, (_, unrolled) = model.config, model.unrolled(params)
     for stack, layers in model.layer_stacks().items():
@@ -196,9 +196,13 @@ def test_short_names_are_transformer_lens_names(rows, tiny):
     _, cache = run_with_cache(model, params, rows(model))
     assert cache["pattern", -1] is cache["decoder.blocks.1.attn.hook_pattern"]
     assert cache["scale"] is cache["decoder.ln_final.hook_scale"]
-    assert cache["blocks.0.hook_q_input"] is cache["decoder.blocks.0.attn.hook_q_input"]
     assert cache["embed"] is cache["decoder.hook_embed"]
     assert ("z", 0) in cache and ("nope", 0) not in cache and "nope" not in cache
+    # By default the split inputs (the residual repeated per head) are left out, as in
+    # TransformerLens; named, they are recorded.
+    assert "blocks.0.attn.hook_q_input" not in cache and "blocks.0.attn.hook_q" in cache
+    _, split = run_with_cache(model, params, rows(model), ["blocks.*.hook_q_input"])
+    assert split.names() == [f"decoder.blocks.{l}.attn.hook_q_input" for l in range(2)]
     rebuilt = jax.tree.map(lambda x: x, cache)  # a pytree rebuilt from its leaves: unbound
     with pytest.raises(ValueError, match="cache.bind"):
         rebuilt.decompose_resid()
@@ -271,3 +275,20 @@ def test_folded_logit_attrs_are_the_direct_logit_attribution(rows, tiny, overrid
     # Unfolded, the same call leaves the norm's weight out, as TransformerLens does.
     unfolded = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), good, bad, pos_slice=-1)
     assert float(jnp.max(jnp.abs(unfolded - attrs))) > 1e-4
+
+
+def test_helpers_refuse_what_they_cannot_read(rows, tiny):
+    """A component missing from a partial cache is a KeyError, not a shorter stack; a
+    post-norm model is refused in one line; short names read the head's stack."""
+    model, params = tiny("encoder_decoder")
+    _, partial = run_with_cache(model, params, rows(model), ["*.hook_mlp_out", "*.hook_embed"])
+    with pytest.raises(KeyError, match="hook_pos_embed"):
+        partial.decompose_resid()
+    _, cache = run_with_cache(model, params, rows(model))
+    assert cache["pattern", 0] is cache["decoder.blocks.0.attn.hook_pattern"]
+    assert cache["scale"] is cache["decoder.ln_final.hook_scale"]
+    post, post_params = tiny("decoder_only", norm_position="post")
+    _, post_cache = run_with_cache(post, post_params, rows(post))
+    with pytest.raises(ValueError, match="need a pre-norm model") as info:
+        post_cache.decompose_resid()
+    assert "\n" not in str(info.value)

@@ -89,8 +89,9 @@ def test_ten_steps_a_call_give_the_run_of_one_step_a_call(tmp_path, family):
 
 
 def test_a_resume_realigns_to_the_calls_and_a_short_call_ends_the_run(tmp_path):
-    """A K = 1 run stopped at step 3, resumed with K = 4 over 10 steps: calls 3-4, 4-8 and
-    8-10 (one step, four, two); the end equals a straight K = 1 run."""
+    """A run of the default K ("auto": 1 on this CPU) stopped at step 3, resumed with K = 4
+    over 10 steps: calls 3-4, 4-8 and 8-10 (one step, four, two); the end equals a straight
+    K = 1 run."""
     kw = dict(steps=10, log=4, every=4)
     run(experiment("decoder_only", tmp_path / "straight", **kw))
 
@@ -112,7 +113,8 @@ def test_a_resume_realigns_to_the_calls_and_a_short_call_ends_the_run(tmp_path):
     assert call_spans(3, 10, 4) == [(3, 4), (4, 8), (8, 10)]
     same_run(tmp_path / "straight", broken)
     noted = [r for r in read_records(broken / "metrics.jsonl") if r["split"] == "config"]
-    assert noted == [{"step": 3, "split": "config", "changes": ["train.steps_per_call 1 -> 4"]}]
+    changes = ["train.steps_per_call 'auto' -> 4"]
+    assert noted == [{"step": 3, "split": "config", "changes": changes}]
 
 
 def test_intervals_must_be_multiples_of_steps_per_call():
@@ -141,9 +143,11 @@ def test_auto_runs_up_to_16_steps_a_call_between_records_on_accelerators(
     """ "auto" (the default): 1 a call on a CPU; on a GPU or TPU the largest K <= 16 that
     divides the log, eval and save intervals, so records still fall between calls."""
     train = experiment("decoder_only", "w", log=log, every=every).train
-    assert train.steps_per_call == "auto" and train.calls_of(backend) == calls
+    assert train.steps_per_call == "auto" and train.steps_per_call_on(backend) == calls
     assert all(n % calls == 0 for n in (log, every))
-    assert experiment("decoder_only", "w", steps_per_call=2, log=4).train.calls_of("gpu") == 2
+    assert (
+        experiment("decoder_only", "w", steps_per_call=2, log=4).train.steps_per_call_on("gpu") == 2
+    )
 
 
 def test_an_older_checkpoint_without_the_new_fields_resumes_unchanged():
@@ -156,7 +160,7 @@ def test_an_older_checkpoint_without_the_new_fields_resumes_unchanged():
     del saved["train"]["steps_per_call"], saved["train"]["prefetch"]
     old = from_dict(saved)
     assert old.train.steps_per_call == "auto" and old.train.prefetch is True
-    assert old.train.calls_of("cpu") == 1
+    assert old.train.steps_per_call_on("cpu") == 1
     assert config_changes(saved, now) == ([], [])
     faster = experiment("decoder_only", "w", steps_per_call=2, prefetch=False)
     assert config_changes(saved, faster) == (

@@ -121,7 +121,7 @@ class TrainConfig:
         True, help="build the next batches on a background thread while the steps run"
     )
 
-    def calls_of(self, backend: str) -> int:
+    def steps_per_call_on(self, backend: str) -> int:
         """The steps a call runs on ``backend`` (``jax.default_backend()``): ``steps_per_call``,
         or for ``"auto"`` 1 on a CPU (where a call's overhead is small beside its steps) and on
         a GPU or TPU the largest K <= 16 dividing the log, eval and save intervals (a fast

@@ -20,14 +20,15 @@ from tfmjax.interp.circuits import embedding_matrices
 from tfmjax.interp.hooked import ActivationCache, prepare
 
 
-def residual_parts(model, cache: ActivationCache, stack: str = "decoder") -> dict:
+def residual_parts(model, cache: ActivationCache, stack: str | None = None) -> dict:
     """``{part name: [B,T,D]}`` whose sum is the residual stream the final norm reads.
 
     Names: ``embed``, ``pos_embed``, ``L{l}H{n}`` (self-attention head), ``L{l}attn_bias``,
     ``L{l}X{n}`` (cross-attention head), ``L{l}cross_bias``, ``L{l}mlp``; a layer whose
     attention has no per-head output (MLA, linear attention) gives ``L{l}attn`` whole.
+    ``stack``: default the one the output head reads (``model.head_stack``).
     """
-    cfg = model.config
+    cfg, stack = model.config, stack or model.head_stack
     if cfg.norm_position != "pre":
         raise ValueError(
             "direct logit attribution needs a pre-norm model (model.norm_position='pre'): a "
@@ -63,7 +64,7 @@ def residual_parts(model, cache: ActivationCache, stack: str = "decoder") -> dic
     return parts
 
 
-def logit_attribution(model, params, cache: ActivationCache, tokens=None, stack="decoder"):
+def logit_attribution(model, params, cache: ActivationCache, tokens=None, stack=None):
     """``(names [C], contributions)``: each residual part's direct effect on the logits
     through the frozen final norm, plus ``norm_bias`` and ``output_bias`` when present.
 
@@ -71,7 +72,7 @@ def logit_attribution(model, params, cache: ActivationCache, tokens=None, stack=
     each position's own token); ``([B,T], [B,T])`` gives ``[C,B,T]`` logit differences.
     Summed over ``C`` they equal the logits (the cache must come from this model's run).
     """
-    cfg = model.config
+    cfg, stack = model.config, stack or model.head_stack
     if stack != model.head_stack:
         raise ValueError(
             "direct logit attribution reads the stack the output head reads "

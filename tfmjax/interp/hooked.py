@@ -82,15 +82,19 @@ class ActivationCache(TransformerLensHelpers, Mapping):
 
     def _full_name(self, key) -> str:
         """The full name of ``key``: a hook name or suffix, or TransformerLens's short form
-        (a tuple ``(name, layer, layer type)`` or one string; a negative layer counts back)."""
-        if isinstance(key, tuple):
-            name, *rest = key
-            if rest and rest[0] is not None and rest[0] < 0:
-                rest[0] += self._layer_count()
-            return resolve(canonical(act_name(name, *rest)), self.activations)
-        if key in self.activations or matching(canonical(key), self.activations):
-            return resolve(canonical(key), self.activations)
-        return resolve(canonical(act_name(key)), self.activations)
+        (a tuple ``(name, layer, layer type)`` or one string; a negative layer counts back),
+        which reads the stack the output head reads when the cache is bound to its model."""
+        if not isinstance(key, tuple):
+            if key in self.activations or matching(canonical(key), self.activations):
+                return resolve(canonical(key), self.activations)
+            key = (key,)
+        name, *rest = key
+        if rest and rest[0] is not None and rest[0] < 0:
+            rest[0] += self._layer_count()
+        name = canonical(act_name(name, *rest))
+        if self.model is not None and f"{self.model.head_stack}.{name}" in self.activations:
+            return f"{self.model.head_stack}.{name}"
+        return resolve(name, self.activations)
 
     def _layer_count(self) -> int:
         """Layers of the head's stack (the bound model's; else counted from the names)."""
@@ -139,8 +143,8 @@ def resolve(name: str, names: Iterable[str]) -> str:
     raise KeyError(f"hook name {name!r} is ambiguous: it matches {found}; give the full name")
 
 
-def _apply(model, params, batch, capture, edits: Edits | None):
-    with hooks_active(capture=capture, edits=edits):
+def _apply(model, params, batch, capture, edits: Edits | None, every=False):
+    with hooks_active(capture=capture, edits=edits, every=every):
         logits, state = model.apply(params, batch, mutable=[COLLECTION])
     return logits, ActivationCache(_flatten(state.get(COLLECTION, {})))
 
@@ -160,7 +164,7 @@ def _flatten(tree) -> dict:
 def _hook_shapes(model, params_struct, batch_struct) -> dict:
     params = jax.tree.unflatten(params_struct[0], params_struct[1])
     batch = jax.tree.unflatten(batch_struct[0], batch_struct[1])
-    _, cache = jax.eval_shape(lambda p, b: _apply(model, p, b, None, None), params, batch)
+    _, cache = jax.eval_shape(lambda p, b: _apply(model, p, b, None, None, True), params, batch)
     return {n: tuple(x.shape) for n, x in cache.activations.items()}
 
 
@@ -179,10 +183,12 @@ def hook_shapes(model, params, batch, *, prepared: bool = False) -> dict[str, tu
 
 def run_with_cache(model, params, batch, names: Iterable[str] | None = None):
     """``(logits, ActivationCache)``: the plain forward pass, with the hook points ``names``
-    (default: all) recorded."""
-    model, params = prepare(model, params)
-    capture = None if names is None else _full_or_given(model, params, batch, names)
-    logits, cache = _cached_run(model, capture)(params, batch)
+    recorded (default: all but TransformerLens's split inputs, ``hook_attn_in`` and
+    ``hook_q/k/v_input``, the residual repeated per head: name them, or ``["*"]``). The cache
+    is bound to the ``model`` and ``params`` given, for its helpers."""
+    prepared, unrolled = prepare(model, params)
+    capture = None if names is None else _full_or_given(prepared, unrolled, batch, names)
+    logits, cache = _cached_run(prepared, capture)(unrolled, batch)
     return logits, cache.bind(model, params)
 
 
@@ -194,27 +200,34 @@ def _cached_run(model, capture):
 
 def run_with_patches(model, params, batch, edits: Edits, names: Iterable[str] | None = ()) -> tuple:
     """``(logits, ActivationCache)`` with ``edits`` ``{name: x -> x}`` applied at their hook
-    points (see :func:`replace`); the cache holds ``names`` (default none; None: all), as
-    edited."""
-    model, params = prepare(model, params)
-    edits = dict(zip(_full_or_given(model, params, batch, edits), edits.values(), strict=True))
-    capture = None if names is None else _full_or_given(model, params, batch, names)
+    points (see :func:`replace`); the cache holds ``names`` (default none; None: as
+    :func:`run_with_cache`), as edited."""
+    prepared, unrolled = prepare(model, params)
+    full = _full_or_given(prepared, unrolled, batch, edits)
+    edits = dict(zip(full, edits.values(), strict=True))
+    capture = None if names is None else _full_or_given(prepared, unrolled, batch, names)
     # Compiled as one program (edits close over their values, so each call compiles anew:
     # still faster than running a model op by op; sweeps use PatchSweep, which compiles once).
-    logits, cache = jax.jit(lambda p, b: _apply(model, p, b, capture, edits))(params, batch)
+    run = jax.jit(lambda p, b: _apply(prepared, p, b, capture, edits))
+    logits, cache = run(unrolled, batch)
     return logits, cache.bind(model, params)
 
 
 def _full_or_given(model, params, batch, names: Iterable[str]) -> tuple[str, ...]:
     """Each name as its full name (checked against the model's hook points); a name with
-    ``*`` is a pattern (``decoder.blocks.*.attn.hook_pattern``) and gives every match."""
+    ``*`` is a pattern of full names or of their dotted suffixes
+    (``decoder.blocks.*.attn.hook_pattern``, ``blocks.*.hook_q_input``): every match."""
     known = hook_shapes(model, params, batch, prepared=True)
     out = []
     for name in names:
+        name = canonical(name)
         if "*" not in name:
-            out.append(resolve(canonical(name), known))
+            out.append(resolve(name, known))
             continue
-        found = sorted(n for n in known if fnmatch.fnmatchcase(n, name))
+        suffix = f"*.{name}"
+        found = sorted(
+            n for n in known if fnmatch.fnmatchcase(n, name) or fnmatch.fnmatchcase(n, suffix)
+        )
         if not found:
             raise KeyError(f"no hook point matches {name!r} (tfmjax.interp.hook_shapes lists them)")
         out.extend(found)

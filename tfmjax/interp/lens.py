@@ -35,6 +35,9 @@ import jax.numpy as jnp
 
 from tfmjax.interp.circuits import embedding_matrices
 
+# The positions the embedding adds as a table (hook_pos_embed): the others act in attention.
+ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "abacus")
+
 
 def take(x, pos_slice, axis: int):
     """``x`` with TransformerLens's ``Slice`` applied on ``axis`` (None: all of it)."""
@@ -67,20 +70,29 @@ class TransformerLensHelpers:
         return self.model
 
     def _stack(self) -> str:
-        return self._bound_model().head_stack
+        """The stack the helpers read (the head's), of a pre-norm model."""
+        model = self._bound_model()
+        if model.config.norm_position != "pre":
+            raise ValueError(
+                "TransformerLens's cache helpers need a pre-norm model (model.norm_position="
+                "'pre'): a post-norm block renormalises the residual stream, so its parts do "
+                "not add up and its norms read the sum after each sublayer"
+            )
+        return model.head_stack
 
     def _layers(self) -> int:
         model = self._bound_model()
         return model.layer_stacks()[model.head_stack]
 
     def _at(self, name: str, layer: int | None = None):
-        """The head stack's activation ``name`` (of block ``layer``)."""
+        """The head stack's activation ``name`` (of block ``layer``); a KeyError if the cache
+        does not hold it."""
         block = "" if layer is None else f"blocks.{layer}."
         return self[f"{self._stack()}.{block}{name}"]
 
-    def _has(self, name: str, layer: int | None = None) -> bool:
-        block = "" if layer is None else f"blocks.{layer}."
-        return f"{self._stack()}.{block}{name}" in self.activations
+    def _crosses(self) -> bool:
+        """Whether the stack's blocks have cross-attention (an encoder-decoder's decoder)."""
+        return self._stack() == "decoder" and "encoder" in self._bound_model().layer_stacks()
 
     def _last_layer(self, layer) -> int:
         return self._layers() if layer is None or layer == -1 else layer
@@ -109,13 +121,9 @@ class TransformerLensHelpers:
             parts.append(self._at("hook_resid_pre", l))
             labels.append(f"{l}_pre")
             if (incl_mid and l < layer) or (mlp_input and l == layer):
-                for mid, label in (
-                    ("hook_resid_mid", "mid"),
-                    ("hook_resid_mid_cross", "mid_cross"),
-                ):
-                    if self._has(mid, l):
-                        parts.append(self._at(mid, l))
-                        labels.append(f"{l}_{label}")
+                mids = ["mid", "mid_cross"] if self._crosses() else ["mid"]
+                parts.extend(self._at(f"hook_resid_{mid}", l) for mid in mids)
+                labels.extend(f"{l}_{mid}" for mid in mids)
         stack = jnp.stack([take(p, pos_slice, -2) for p in parts])
         if apply_ln:
             stack = self.apply_ln_to_stack(
@@ -139,16 +147,15 @@ class TransformerLensHelpers:
         if mode not in ("all", "attn", "mlp"):
             raise ValueError(f"mode={mode!r} is not one of all, attn, mlp")
         layer = self._last_layer(layer)
-        sublayers = [s for s in ("attn", "cross_attn") if mode != "mlp"]
-        sublayers += ["mlp"] if mode != "attn" else []
+        attention = ["attn", "cross_attn"] if self._crosses() else ["attn"]
+        sublayers = (attention if mode != "mlp" else []) + (["mlp"] if mode != "attn" else [])
         parts, labels = self._embeddings() if incl_embeds else ([], [])
         for l in range(layer + int(mlp_input)):
             for sub in sublayers:
                 if l == layer and sub == "mlp":  # mlp_input: the attention of `layer` only
                     continue
-                if self._has(f"hook_{sub}_out", l):
-                    parts.append(self._at(f"hook_{sub}_out", l))
-                    labels.append(f"{l}_{sub}_out")
+                parts.append(self._at(f"hook_{sub}_out", l))
+                labels.append(f"{l}_{sub}_out")
         stack = jnp.stack([take(p, pos_slice, -2) for p in parts])
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, mlp_input, pos_slice=pos_slice)
@@ -160,7 +167,7 @@ class TransformerLensHelpers:
         if cfg.embed_norm or cfg.type_vocab_size:  # not a sum of its tables
             return [self._at("hook_resid_pre", 0)], ["embed"]
         parts, labels = [self._at("hook_embed")], ["embed"]
-        if self._has("hook_pos_embed"):
+        if cfg.position in ABSOLUTE_POSITIONS:
             parts.append(self._at("hook_pos_embed"))
             labels.append("pos_embed")
         return parts, labels
@@ -205,13 +212,8 @@ class TransformerLensHelpers:
         """``residual_stack [C, B, T, D]`` through the norm that reads the residual stream
         at ``layer`` (``ln1``, ``ln2`` with ``mlp_input``, the final norm at the last layer),
         its scale frozen from the cache: centred (LayerNorm), divided by ``hook_scale``."""
-        model = self._bound_model()
-        cfg, L, layer = model.config, self._layers(), self._last_layer(layer)
-        if cfg.norm_position != "pre":
-            raise ValueError(
-                "apply_ln_to_stack needs a pre-norm model (model.norm_position='pre'): a "
-                "post-norm block's norms read the sum after each sublayer, not its input"
-            )
+        self._stack()  # a pre-norm model
+        cfg, L, layer = self._bound_model().config, self._layers(), self._last_layer(layer)
         stack = jnp.asarray(residual_stack, jnp.float32)
         if has_batch_dim:
             stack = take(stack, batch_slice, 1)

@@ -17,6 +17,9 @@ _ATTENTION = frozenset({"k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern
 # ... and the hook points of retention and Nyström attention, which TransformerLens lacks.
 _ATTENTION |= {"decayed_scores", "state", "gate", "landmarks_q", "landmarks_k"}
 _ATTENTION |= {"kernel_f", "kernel_a", "kernel_b"}
+# ... and of the selective scan (under the block's attn. too).
+_ATTENTION |= {"conv_in", "ssm_input", "delta", "B", "C", "h", "ssm_state", "ssm_output"}
+_ATTENTION |= {"ssm_gate"}
 _MLP = frozenset({"pre", "post", "mid", "pre_linear"})
 _NORM = frozenset({"scale", "normalized"})  # without a layer: the final norm's
 _WORD_ALIASES = {
@@ -31,7 +34,7 @@ _WORD_ALIASES = {
 }
 _TYPE_ALIASES = {"a": "attn", "m": "mlp", "b": "", "block": "", "blocks": "", "attention": "attn"}
 _PACKED = re.compile(r"([a-z_]+?)(\d+)([a-z]\w*)?$")  # "scale4ln1" -> scale, 4, ln1
-_BLOCK_ALIAS = re.compile(r"(blocks\.\d+)\.(hook_(?:attn_in|q_input|k_input|v_input))$")
+_BLOCK_ALIAS = re.compile(r"(blocks\.(?:\d+|\*))\.(hook_(?:attn_in|q_input|k_input|v_input))$")
 
 
 def act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:

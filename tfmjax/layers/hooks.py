@@ -11,7 +11,7 @@ at trace time, so the compiled program is the one without hooks. Inside it (see
 
 Full names follow TransformerLens with a stack prefix, built from the module path of an
 unrolled model: ``decoder.blocks.{l}.attn.hook_q`` for ``decoder/layer_{l}/attention``; the
-output head's final norm is ``{stack}.ln_final`` for the stack the head reads (``hook_stack``).
+output head's final norm is ``{stack}.ln_final`` for the stack the head reads (``head_stack``).
 Modules outside the stacks pass a name that is already full (``decoder.hook_embed``).
 Hooks inside a scanned stack are not supported (:mod:`tfmjax.interp` unrolls the layers).
 """
@@ -40,17 +40,26 @@ _RENAME = {
     "embed": None,
 }
 _LAYER = re.compile(r"layer_(\d+)$")
+# Recorded only when named (or ``every``): TransformerLens's split inputs, the residual
+# repeated per head, N times its memory (TransformerLens records them only when switched on).
+OPT_IN = frozenset({"hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input"})
 
 
 @dataclasses.dataclass(frozen=True)
 class HookState:
-    """What the hooks do during one trace: names to record (None: all) and edits by name."""
+    """What the hooks do during one trace: names to record (None: all but :data:`OPT_IN`,
+    and those too with ``every``) and edits by name."""
 
     capture: frozenset[str] | None = frozenset()
     edits: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
+    every: bool = False
 
     def wants(self, name: str) -> bool:
-        return name in self.edits or self.capture is None or name in self.capture
+        if name in self.edits:
+            return True
+        if self.capture is None:
+            return self.every or name.rsplit(".", 1)[-1] not in OPT_IN
+        return name in self.capture
 
 
 _STATE: contextvars.ContextVar[HookState | None] = contextvars.ContextVar(
@@ -59,10 +68,11 @@ _STATE: contextvars.ContextVar[HookState | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def hooks_active(capture=None, edits: Mapping[str, Callable] | None = None):
-    """Turn the hooks on while tracing: record ``capture`` (names; None = every hook) and apply
-    ``edits`` (``{name: x -> x}``)."""
-    state = HookState(None if capture is None else frozenset(capture), dict(edits or {}))
+def hooks_active(capture=None, edits: Mapping[str, Callable] | None = None, every=False):
+    """Turn the hooks on while tracing: record ``capture`` (names; None = every hook but the
+    :data:`OPT_IN` ones, those too with ``every``) and apply ``edits`` (``{name: x -> x}``)."""
+    capture = None if capture is None else frozenset(capture)
+    state = HookState(capture, dict(edits or {}), every)
     token = _STATE.set(state)
     try:
         yield state
@@ -71,9 +81,9 @@ def hooks_active(capture=None, edits: Mapping[str, Callable] | None = None):
 
 
 def _head_stack(module) -> str:
-    """The ``hook_stack`` of the output head enclosing ``module`` (``decoder`` by default)."""
+    """The ``head_stack`` of the output head enclosing ``module`` (``decoder`` by default)."""
     while isinstance(module, nn.Module):
-        stack = getattr(module, "hook_stack", None)
+        stack = getattr(module, "head_stack", None)
         if stack:
             return stack
         module = module.parent

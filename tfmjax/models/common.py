@@ -342,10 +342,10 @@ class Embedder(nn.Module):
 class OutputHead(nn.Module):
     """Final norm (pre-norm models), the optional masked-LM transform, the projection to
     logits ``[B,T,V]`` (float32) and the optional logit bias. Its hooks are named under
-    ``hook_stack``, the stack it reads (``decoder.ln_final.hook_scale``)."""
+    ``head_stack``, the stack it reads (``decoder.ln_final.hook_scale``)."""
 
     cfg: ModelConfig
-    hook_stack: str = "decoder"
+    head_stack: str = "decoder"
 
     @nn.compact
     def __call__(self, x, embedder: Embedder):

@@ -58,7 +58,7 @@ class EncoderOnly(Family, nn.Module):
             name="encoder",
             encoder=True,
         )
-        self.head = OutputHead(cfg, hook_stack=self.head_stack, name="head")
+        self.head = OutputHead(cfg, head_stack=self.head_stack, name="head")
 
     def __call__(self, batch):
         tokens = batch["tokens"]

@@ -13,7 +13,8 @@ Keeping a device busy: ``train.steps_per_call = K`` runs K steps in one jitted c
 loop over K stacked batches, :func:`call_spans` cuts the run into calls); the log,
 evaluation and checkpoint intervals are multiples of K, so records, evaluations and saves
 fall between calls, and K = 1 or 10 give the same params and records. The default, ``"auto"``,
-is 1 on a CPU and up to 16 on a GPU or TPU (``TrainConfig.calls_of``; the run header says K).
+is 1 on a CPU and up to 16 on a GPU or TPU (``TrainConfig.steps_per_call_on``; the header
+says K).
 ``train.prefetch`` builds the next calls' batches on a background thread
 (:mod:`tfmjax.train.prefetch`). Between log, eval and save steps nothing is fetched from the
 device (:data:`STEP_GUARD`): the window sums stay on it until a record is written; the only
@@ -231,7 +232,7 @@ class _Loop:
             )
             return state, start, ""
         self.start = start
-        calls = call_spans(start, t.steps, t.calls_of(jax.default_backend()))
+        calls = call_spans(start, t.steps, t.steps_per_call_on(jax.default_backend()))
         build = lambda span: self.run.device_batches(*span)  # noqa: E731
         with Prefetcher(build, calls, background=t.prefetch) as batches:
             for first, end in calls:
@@ -294,7 +295,7 @@ def dtype_note(backend: str, dtype: str) -> str:
 def _header(run: Run, params, start: int, console: Console) -> None:
     exp = run.experiment
     console.print(summarize(exp.model))
-    k = exp.train.calls_of(jax.default_backend())
+    k = exp.train.steps_per_call_on(jax.default_backend())
     auto = " by train.steps_per_call=auto" if exp.train.steps_per_call == "auto" else ""
     per_call = f" ({k} a call{auto})" if k > 1 else ""
     console.print(

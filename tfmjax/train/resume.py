@@ -8,7 +8,8 @@ A rerun compares the config saved in the newest checkpoint with the new one:
 * a change of ``[mesh]`` is applied and printed too: the state is restored onto the new
   mesh (a mesh missing from an older checkpoint's config is no change);
 * a field an older checkpoint's config lacks is no change when it has its default, which
-  reproduces what that version did (``train.steps_per_call = 1``, ``train.prefetch``);
+  reproduces what that version did (``train.steps_per_call``: ``auto``, 1 a call on a CPU and
+  the same bits anywhere; ``train.prefetch``);
 * any other change is refused in one line that lists it and names the two ways out: a new
   ``train.workdir``, or ``--override-config`` (``train(..., override_config=True)``), which
   continues with the new settings and records them in the checkpoints and ``metrics.jsonl``;
