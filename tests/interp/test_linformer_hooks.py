@@ -8,6 +8,8 @@ Tolerance: float32 model against float64 references a few operations back: 1e-5 
 reference's largest entry.
 """
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,8 @@ import pytest
 
 from tfmjax.interp import head_scores, hook_shapes, run_with_cache, run_with_patches
 from tfmjax.interp.circuits import attention_weights, ov_circuit, qk_circuit
+from tfmjax.interp.hooked import axes
+from tfmjax.interp.names import act_name
 from tfmjax.models import build, preset
 
 B, T, R = 2, 8, 3
@@ -104,3 +108,32 @@ def test_qk_ov_circuits_apply_and_head_scores_refuse(built):
     with pytest.raises(ValueError, match="attends to projected keys") as info:
         head_scores(model, params, jax.random.key(0), stack="encoder", length=4)
     assert "\n" not in str(info.value)
+
+
+def test_short_names_and_axes():
+    """``act_name("k_proj", 0)`` is the attention's hook; the projected rows sit where
+    Nyström's landmarks do (axis 1), heads on axis 2; the pattern's queries on axis 2."""
+    assert act_name("k_proj", 0) == "blocks.0.attn.hook_k_proj"
+    assert axes("encoder.blocks.0.attn.hook_v_proj") == (1, 2)
+    assert axes("encoder.blocks.0.attn.hook_pattern") == (2, 1)
+
+
+def test_hooks_cost_nothing_when_off(built, monkeypatch):
+    """The plain apply lowers to the same program as one whose hooks are identities and
+    whose pattern is never wanted (as test_hooks does for the other variants)."""
+    model, params, batch = built
+    lowered = lambda: jax.jit(model.apply).lower(params, batch).as_text()  # noqa: E731
+    with_hooks = lowered()
+    with monkeypatch.context() as m:  # the comparison sees the pattern's tap when it is on
+        m.setattr("tfmjax.layers.linformer_attention.wanted", lambda _, n: n == "hook_pattern")
+        assert lowered() != with_hooks
+    for name in ("tfmjax.layers.hooks", "tfmjax.layers.linformer_attention"):
+        module = importlib.import_module(name)
+        for attr, off in (
+            ("hook", lambda m, n, x: x),
+            ("wanted", lambda m, n: False),
+            ("edited", lambda m, n: False),
+        ):
+            if hasattr(module, attr):
+                monkeypatch.setattr(module, attr, off)
+    assert lowered() == with_hooks
