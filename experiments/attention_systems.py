@@ -54,18 +54,18 @@ TASKS = {
     "induction_head": "configs/induction_head_decoder.toml",
     "shakespeare_char": "configs/shakespeare_char.toml",
 }
-# Nystrom attention has no causal form (a landmark averages a whole segment), so it is
-# compared in an encoder against softmax in the same encoder: the toy tasks' encoder-decoder
-# configs (the encoder reads the question whole; the decoder keeps softmax) and, for text,
-# the masked-LM encoder on the same corpus (its validation loss is over masked characters,
-# comparable only between these two rows).
+# Nystrom and Linformer attention have no causal form (a landmark averages a whole segment;
+# a projected key mixes every position), so each is compared in an encoder against softmax
+# in the same encoder: the toy tasks' encoder-decoder configs (the encoder reads the question
+# whole; the decoder keeps softmax) and, for text, the masked-LM encoder on the same corpus
+# (its validation loss is over masked characters, comparable only between these rows).
 ENCODER_TASKS = {
     "reverse": "configs/reverse.toml",
     "associative_recall": "configs/associative_recall.toml",
     "induction_head": "configs/induction_head.toml",
     "shakespeare_char": "configs/shakespeare_mlm.toml",
 }
-ENCODER_VARIANTS = ("encoder_softmax", "encoder_nystrom")
+ENCODER_VARIANTS = ("encoder_softmax", "encoder_nystrom", "encoder_linformer")
 # The toy tasks' sequences are 15-22 tokens long and share the sparse patterns' sizes;
 # shakespeare_char's are 64.
 TOY = ("reverse", "associative_recall", "induction_head")
@@ -123,6 +123,12 @@ _VARIANTS = {
     "encoder_nystrom": (
         ["model.attention=nystrom", "model.num_landmarks=4"],
         ["model.attention=nystrom", "model.num_landmarks=8"],
+    ),
+    # Linformer (no causal form either: each projected key mixes every position), with as
+    # many projected keys/values as Nystrom has landmarks: 4 on the toy tasks, 8 on text
+    "encoder_linformer": (
+        ["model.attention=linformer", "model.linformer_rank=4"],
+        ["model.attention=linformer", "model.linformer_rank=8"],
     ),
 }
 VARIANTS = {

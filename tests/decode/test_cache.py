@@ -52,6 +52,7 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"attention": "retention", "num_layers": 1}),  # decoder self-mixer only
     ("tiny-vaswani", {"attention": "selective_scan", "num_layers": 1}),
     ("tiny-vaswani", {"attention": "nystrom", "num_landmarks": 3, "num_layers": 1}),  # encoder
+    ("tiny-vaswani", {"attention": "linformer", "linformer_rank": 3, "num_layers": 1}),  # encoder
     ("tiny-vaswani", {"moe_experts": 4, "moe_top_k": 2, "moe_capacity_factor": 0.0}),
     ("tiny-vaswani", {"position": "fire"}),
     # BigBird: window + random blocks of 2 on both sides (bidirectional in the encoder)

@@ -443,7 +443,8 @@ def test_retention_takes_its_qk_circuit_and_refuses_ov(random_params):
     ):
         _one_line_error(
             call,
-            "OV circuits need model.attention='softmax' or 'nystrom', not 'retention': .*GroupNorm",
+            "OV circuits need model.attention='softmax' or 'nystrom' or 'linformer', not "
+            "'retention': .*GroupNorm",
         )
     _one_line_error(lambda: ov_circuit(w), "no W_V/W_O")
     model, params = _built(random_params, "retention", "encoder_decoder")

@@ -30,6 +30,7 @@ def test_names_are_the_table_keys():
             "retention",
             "selective_scan",
             "nystrom",
+            "linformer",
         )
     )
 
@@ -55,7 +56,7 @@ def test_variant_builds_and_its_cache_bytes_match_its_cache(name):
 @pytest.mark.parametrize("name", BIDIRECTIONAL_ONLY)
 def test_bidirectional_only_variant_builds_and_refuses_decoding(name):
     """No causal form, so no cache: a decoder keeps softmax (tfmjax.models.common)."""
-    cfg = CFG._replace(attention=name, num_landmarks=2)
+    cfg = CFG._replace(attention=name, num_landmarks=2, max_len=5, linformer_rank=2)
     variant = ATTENTION_VARIANTS[name]
     module = variant.from_block_config(cfg, "attention")
     assert isinstance(module, variant) and variant.bidirectional_only
@@ -67,7 +68,7 @@ def test_bidirectional_only_variant_builds_and_refuses_decoding(name):
         lambda: variant.init_cache(cfg, 2, 5),
         lambda: variant.cache_bytes(cfg, 2, 1, 5),
     ):
-        with pytest.raises(ValueError, match="model.attention='nystrom' is bidirectional only"):
+        with pytest.raises(ValueError, match=f"model.attention={name!r} is bidirectional only"):
             refused()
     with pytest.raises(ValueError, match="no causal form"):
         module.apply(params, x, q_positions=positions, causal=True)

@@ -57,6 +57,8 @@ def closed_form(c):
         attn = selective_scan(D, c.ssm_state, c.ssm_expand, c.ssm_conv)
     if c.attention == "nystrom":  # plus the skip convolution's kernel W x N, no bias
         attn += c.nystrom_conv * N
+    if c.attention == "linformer":  # plus the sequence projections E, F [R, max_len]
+        attn += (1 if c.linformer_share_kv else 2) * c.linformer_rank * c.max_len
     encoder_attn = softmax if c.attention in ("retention", "selective_scan") else attn
     total = V * D  # token embedding
     total += c.max_len * D if c.position == "learned" else 0
@@ -75,7 +77,7 @@ def closed_form(c):
         decoder_layer = 2 * attn + mlp + 3 * ln
         if c.attention in ("retention", "selective_scan"):
             decoder_layer = attn + softmax + mlp + 3 * ln
-        if c.attention == "nystrom":  # the decoder keeps softmax self-attention
+        if c.attention in ("nystrom", "linformer"):  # the decoder keeps softmax self-attention
             decoder_layer = 2 * softmax + mlp + 3 * ln
         encoder_layer = encoder_attn + mlp + 2 * ln
         total += mixtures(c.decoder_layers) * (moe_mlp - mlp)
@@ -187,4 +189,13 @@ def test_nystrom_skip_convolution_matches_closed_form(base):
     """The encoder's Nyström attention adds the convolution's W x N kernel (the paper's 33);
     an encoder-decoder's decoder keeps softmax self-attention, without it."""
     config = preset(base, attention="nystrom", nystrom_conv=33, num_layers=1)
+    assert count_params(config) == closed_form(config) == _tree_count(config)
+
+
+@pytest.mark.parametrize("share_kv", [False, True])
+@pytest.mark.parametrize("base", ["tiny-linformer", "tiny-vaswani"])
+def test_linformer_projections_match_closed_form(base, share_kv):
+    """The encoder's Linformer attention adds E and F [R, max_len] (one with E = F); an
+    encoder-decoder's decoder keeps softmax self-attention, without them."""
+    config = preset(base, attention="linformer", linformer_share_kv=share_kv, num_layers=1)
     assert count_params(config) == closed_form(config) == _tree_count(config)

@@ -40,7 +40,7 @@ def check_recurrent_mixer(cfg: Any) -> None:
         "model.attention",
         name,
         f"{what}: an encoder_only model needs a bidirectional self-attention (softmax, mla, "
-        "linear, nystrom)",
+        "linear, nystrom, linformer)",
     )
     require(
         cfg.position not in REFUSED_POSITIONS[name],

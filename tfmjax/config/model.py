@@ -19,6 +19,7 @@ from tfmjax.config.choices import (
 )
 from tfmjax.config.cudnn_checks import check_cudnn
 from tfmjax.config.fields import option
+from tfmjax.config.linformer_checks import check_linformer
 from tfmjax.config.mixer_checks import check_recurrent_mixer
 from tfmjax.config.moe_checks import check_moe
 from tfmjax.config.nystrom_checks import check_nystrom
@@ -151,7 +152,8 @@ class ModelConfig:
         "softmax",
         help="self-attention system: softmax, mla (latent KV), linear (kernelised), retention "
         "(RetNet) or selective_scan (Mamba), both causal: an encoder keeps softmax; nystrom "
-        "(Nystromformer landmarks), bidirectional: a decoder keeps softmax",
+        "(Nystromformer landmarks) or linformer (sequence projections), both bidirectional: "
+        "a decoder keeps softmax",
     )
     kv_rank: int | None = option(
         None, help="mla: latent width R of keys/values (none: 4 head widths)"
@@ -176,6 +178,14 @@ class ModelConfig:
         0,
         help="nystrom: width W (odd; the paper: 33) of a depthwise convolution over V added "
         "to the output; 0 = none",
+    )
+    linformer_rank: int = option(
+        8,
+        help="linformer: projected keys/values R (the paper's k), each a learned mix of the "
+        "model.max_len positions; at most model.max_len",
+    )
+    linformer_share_kv: bool = option(
+        False, help="linformer: one projection for keys and values (the paper's E = F)"
     )
     moe_experts: int = option(
         0, help="mixture of experts: experts E per MoE feed-forward; 0 = dense feed-forwards"
@@ -244,6 +254,7 @@ class ModelConfig:
         check_moe(self)
         check_recurrent_mixer(self)
         check_nystrom(self)
+        check_linformer(self)
         check_position_options(self)
         require(  # after the systems that refuse sparse patterns have said so
             not self.random_blocks or self.window is not None or self.attention_stride is not None,

@@ -1,7 +1,9 @@
-"""The checks of ``model.attention = "nystrom"`` (Nyströmformer, Xiong et al. 2021): each
-option that does not apply is refused in one ConfigError line naming the field.
+"""The checks of ``model.attention = "nystrom"`` (Nyströmformer, Xiong et al. 2021) and of
+every bidirectional-only attention (``"linformer"`` too, whose own fields
+:mod:`tfmjax.config.linformer_checks` checks): each option that does not apply is refused in
+one ConfigError line naming the field.
 
-Nyström attention is bidirectional only, the reverse of the causal-only mixers
+Nyström attention (and Linformer) is bidirectional only, the reverse of the causal-only mixers
 (:mod:`tfmjax.config.mixer_checks`): a decoder_only model cannot use it; an encoder_decoder
 model uses it in its encoder while the decoder keeps softmax self-attention (and
 cross-attention stays softmax attention); an encoder_only model uses it in every block.
@@ -18,9 +20,10 @@ DEFAULT_LANDMARKS = 8
 
 
 def check_nystrom(cfg: Any) -> None:
-    """The fields of a :class:`~tfmjax.config.model.ModelConfig` that Nyström attention
-    cannot take, and ``num_landmarks``, ``nystrom_conv`` outside it."""
-    if cfg.attention not in BIDIRECTIONAL_ONLY_ATTENTIONS:
+    """The fields of a :class:`~tfmjax.config.model.ModelConfig` that a bidirectional-only
+    attention (nystrom, linformer: :mod:`tfmjax.config.linformer_checks` checks its own
+    fields) cannot take, and ``num_landmarks``, ``nystrom_conv`` outside nystrom."""
+    if cfg.attention != "nystrom":
         require(
             cfg.num_landmarks == DEFAULT_LANDMARKS,
             "model.num_landmarks",
@@ -33,6 +36,7 @@ def check_nystrom(cfg: Any) -> None:
             cfg.nystrom_conv,
             "applies to model.attention='nystrom' only",
         )
+    if cfg.attention not in BIDIRECTIONAL_ONLY_ATTENTIONS:
         return
     require(
         cfg.nystrom_conv == 0 or (cfg.nystrom_conv > 0 and cfg.nystrom_conv % 2 == 1),

@@ -120,6 +120,9 @@ PRESETS: dict[str, dict] = {
     # Nystrom attention (Xiong et al. 2021) in BERT-style blocks: 8 landmarks (segment means
     # of queries and keys) approximate softmax attention in O(T·M).
     "tiny-nystrom": dict(_BERT, **_TINY, attention="nystrom", num_landmarks=8),
+    # Linformer (Wang et al. 2020) in BERT-style blocks: keys and values projected along the
+    # sequence from max_len = 128 positions to 16 rows, O(T·R) attention.
+    "tiny-linformer": dict(_BERT, **_TINY, attention="linformer", linformer_rank=16),
     # BigBird (Zaheer et al. 2020) in BERT-style blocks: a window of 8 each side, 2 global
     # tokens and 2 random key blocks of 16 per query block of 16.
     "tiny-bigbird": dict(

@@ -28,6 +28,11 @@ an encoder_decoder model's other stack and its cross-attention are softmax):
   ``M · (x W_V) W_O`` with the mixing matrix ``M = F̃ Ã⁺ B̃`` (plus the convolution over V
   with ``nystrom_conv``, also a mix of rows of ``x W_V``): what OV describes, per unit of
   mixing weight (the weights need not be positive).
+- linformer: both, in the same sense as nystrom. The logit of query ``t`` at projected key
+  ``r`` is ``Σ_s E[r,s] x_t QK x_sᵀ``, an ``E``-weighted sum of the QK form; each head
+  writes ``(P F) (x W_V) W_O``, a mix (by ``P F``, weights of any sign) of its rows'
+  ``x OV``. What mixes the rows is learned per layer (``E``, ``F``), not read off these
+  circuits.
 - retention: QK only. Its score is ``γ^(t-s) q_t·k_s / √H``, bilinear in the rows as
   softmax attention's logit; but each head's values reach ``W_O`` through a GroupNorm
   (a per-position, per-head rescaling) and ``swish(x W_G)``, a gate computed from the

@@ -12,8 +12,10 @@ averaged over the second copy's queries and the batch: ``[L,N]`` per score.
 
 They read ``attn.hook_pattern``, which softmax attention forms; a stack whose self-attention
 forms none (retention: decayed scores, not a softmax; selective_scan: no attention;
-nystrom: three landmark kernels, their product never formed) is refused in one line. An
-encoder_decoder model's other stack keeps softmax, and is scored as usual.
+nystrom: three landmark kernels, their product never formed) is refused in one line, and so
+is one whose pattern is not over tokens (linformer: each query over ``R`` projected keys,
+mixes of positions; its variant says ``token_pattern = False``). An encoder_decoder model's
+other stack keeps softmax, and is scored as usual.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import jax.numpy as jnp
 from tfmjax.data.vocab import RESERVED_TOKENS
 from tfmjax.interp.circuits import stack_attention
 from tfmjax.interp.hooked import hook_shapes, run_with_cache
+from tfmjax.layers.attention_variants import ATTENTION_VARIANTS
 
 SCORES = ("previous_token", "duplicate_token", "induction")
 
@@ -56,14 +59,20 @@ def scores_from_patterns(patterns, length: int, shift: int):
     return out
 
 
+def _token_pattern(model, stack: str) -> bool:
+    """Whether a pattern of ``stack``'s self-attention, if it forms one, is over tokens."""
+    return getattr(ATTENTION_VARIANTS[stack_attention(model, stack)], "token_pattern", True)
+
+
 def pattern_stacks(model, params) -> list[str]:
-    """The stacks whose self-attention forms patterns, which head scores read."""
+    """The stacks whose self-attention forms patterns over tokens, which head scores read."""
     shapes = hook_shapes(model, params, model.dummy_batch())
     wanted = lambda stack: f"{stack}.blocks.*.attn.hook_pattern"  # noqa: E731
     return [
         stack
         for stack in model.layer_stacks()
-        if any(fnmatch.fnmatchcase(n, wanted(stack)) for n in shapes)
+        if _token_pattern(model, stack)
+        and any(fnmatch.fnmatchcase(n, wanted(stack)) for n in shapes)
     ]
 
 
@@ -80,6 +89,12 @@ def head_scores(
         )
     data = repeated_batch(model, key, batch, length, high)
     names = f"{stack}.blocks.*.attn.hook_pattern"
+    if not _token_pattern(model, stack):
+        raise ValueError(
+            f"head scores read attention patterns over tokens ({names}); the {stack}'s "
+            f"self-attention, model.attention={stack_attention(model, stack)!r}, attends to "
+            "projected keys (mixes of positions), not tokens"
+        )
     if not any(fnmatch.fnmatchcase(n, names) for n in hook_shapes(model, params, data)):
         raise ValueError(
             f"head scores read attention patterns ({names}); the {stack}'s self-attention, "

@@ -251,7 +251,8 @@ def axes(name: str) -> tuple[int | None, int | None]:
     return 1, None
 
 
-# Nyström's kernel_a and kernel_b have landmarks on axis 2, its landmark hooks on axis 1.
+# Nyström's kernel_a and kernel_b have landmarks on axis 2, its landmark hooks on axis 1;
+# Linformer's k_proj and v_proj [B,R,K,H] have their projected rows on axis 1 (as landmarks).
 _HEAD_FIRST = frozenset(
     {"hook_pattern", "hook_attn_scores", "hook_decayed_scores"}
     | {"hook_kernel_f", "hook_kernel_a", "hook_kernel_b"}
@@ -259,7 +260,7 @@ _HEAD_FIRST = frozenset(
 _HEADS_AFTER_POSITION = frozenset(
     {"hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z", "hook_result"}
     | {"hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input"}
-    | {"hook_gate", "hook_landmarks_q", "hook_landmarks_k"}
+    | {"hook_gate", "hook_landmarks_q", "hook_landmarks_k", "hook_k_proj", "hook_v_proj"}
 )
 
 

@@ -14,9 +14,10 @@ import re
 
 # Activations of the attention and the MLP: their layer type is implied.
 _ATTENTION = frozenset({"k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores"})
-# ... and the hook points of retention and Nyström attention, which TransformerLens lacks.
+# ... and the hook points of retention, Nyström and Linformer attention, which
+# TransformerLens lacks.
 _ATTENTION |= {"decayed_scores", "state", "gate", "landmarks_q", "landmarks_k"}
-_ATTENTION |= {"kernel_f", "kernel_a", "kernel_b"}
+_ATTENTION |= {"kernel_f", "kernel_a", "kernel_b", "k_proj", "v_proj"}
 # ... and of the selective scan (under the block's attn. too).
 _ATTENTION |= {"conv_in", "ssm_input", "delta", "B", "C", "h", "ssm_state", "ssm_output"}
 _ATTENTION |= {"ssm_gate"}

@@ -46,6 +46,9 @@ class BlockConfig(NamedTuple):
     ssm_conv: int = 4  # selective_scan: causal convolution width W
     num_landmarks: int = 8  # nystrom: landmarks M
     nystrom_conv: int = 0  # nystrom: width of the depthwise convolution over V; 0: none
+    max_len: int = 0  # linformer: the positions T_max its sequence projections span
+    linformer_rank: int = 8  # linformer: projected keys/values R (the paper's k)
+    linformer_share_kv: bool = False  # linformer: one projection for keys and values
     scale_attention: bool = True  # logits times 1/sqrt(head_dim); False: unscaled
     attention_impl: str = "auto"
     moe_experts: int = 0  # experts of the blocks whose feed-forward is a mixture

@@ -80,6 +80,9 @@ def block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
         ssm_conv=cfg.ssm_conv,
         num_landmarks=cfg.num_landmarks,
         nystrom_conv=cfg.nystrom_conv,
+        max_len=cfg.max_len,
+        linformer_rank=cfg.linformer_rank,
+        linformer_share_kv=cfg.linformer_share_kv,
         scale_attention=cfg.scale_attention,
         attention_impl=cfg.attention_impl,
         moe_experts=cfg.moe_experts,
@@ -120,9 +123,9 @@ def encoder_block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
 
 
 def decoder_block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
-    """The block config of a decoder: a bidirectional-only self-attention (nystrom) has no
-    causal form, so a decoder keeps softmax self-attention (the config refuses it in a
-    decoder_only model)."""
+    """The block config of a decoder: a bidirectional-only self-attention (nystrom,
+    linformer) has no causal form, so a decoder keeps softmax self-attention (the config
+    refuses it in a decoder_only model)."""
     c = block_config(cfg, dropout_rate)
     return c._replace(attention="softmax") if c.attention in BIDIRECTIONAL_ONLY else c
 

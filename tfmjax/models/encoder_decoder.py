@@ -244,7 +244,8 @@ class EncoderDecoder(Family, nn.Module):
         before ``model.pad_id``): ``(inputs [B,S], segment_ids [B,S])``. ``bucket_for``
         (``M``): ``S`` padded further on the right to the next power of two, at most
         ``model.max_len`` (padding has segment id 0: no token attends to it); unchanged
-        for a Nystrom encoder, whose landmarks are means over the input's width."""
+        for a Nystrom encoder, whose landmarks are means over the input's width (a Linformer
+        encoder is bucketed: right padding is zeroed before its projection)."""
         lengths = prompt_lengths(prompts, self.config.pad_id) if lengths is None else lengths
         width = prompts.shape[1]
         if bucket_for is not None and encoder_block_config(self.config).attention != "nystrom":
