@@ -67,6 +67,6 @@ def test_gradients_are_finite_and_equal_at_level_zero(name):
     q, k, v, d_out = random_inputs(*shape, jnp.float32)
     kw = call_kwargs(shape[-1], **options)
     want = level_zero_results(reference.attention, q, k, v, d_out, **kw)
-    for name, x in zip(("out", "dq", "dk", "dv"), want, strict=True):
-        assert bool(jnp.all(jnp.isfinite(x))), f"the reference's {name} is not finite"
+    for part, x in zip(("out", "dq", "dk", "dv"), want, strict=True):
+        assert bool(jnp.all(jnp.isfinite(x))), f"the reference's {part} is not finite"
     assert_close(level_zero_results(KERNELS[kernel], q, k, v, d_out, **kw), want, jnp.float32)
