@@ -47,14 +47,13 @@ import jax.numpy as jnp
 from tfmjax.kernels.linformer import TAPS, linformer_attention
 from tfmjax.layers.attention import head_projections, through_result
 from tfmjax.layers.axes import LENGTH, named
+from tfmjax.layers.bidirectional import BidirectionalOnly
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.hooks import hook, wanted
 from tfmjax.layers.positions import apply_rope
 
-NO_CACHE = "model.attention='linformer' is bidirectional only and has no decoding cache"
 
-
-class LinformerAttention(nn.Module):
+class LinformerAttention(BidirectionalOnly, nn.Module):
     """``x [B,T,D]`` -> ``([B,T,D], None)``: Linformer self-attention (bidirectional)."""
 
     d_model: int
@@ -74,8 +73,7 @@ class LinformerAttention(nn.Module):
     qk_ov_circuits: ClassVar[bool] = True
     # hook_pattern is over the R projected keys, not over tokens.
     token_pattern: ClassVar[bool] = False
-    causal_only: ClassVar[bool] = False
-    bidirectional_only: ClassVar[bool] = True  # no causal form: decoders keep softmax
+    variant: ClassVar[str] = "linformer"  # no causal form: decoders keep softmax
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str):
@@ -95,16 +93,6 @@ class LinformerAttention(nn.Module):
             dtype=c.dtype,
             name=name,
         )
-
-    @classmethod
-    def init_cache(cls, c: BlockConfig, batch: int, capacity: int) -> dict:
-        """Refused: there is no decoding form (decoders keep softmax self-attention)."""
-        raise ValueError(NO_CACHE)
-
-    @classmethod
-    def cache_bytes(cls, c: BlockConfig, batch: int, num_layers: int, capacity: int) -> int:
-        """Refused, as :meth:`init_cache`."""
-        raise ValueError(NO_CACHE)
 
     def setup(self):
         sizes = (self.d_model, self.num_heads, self.num_kv_heads, self.head_dim)
@@ -135,8 +123,7 @@ class LinformerAttention(nn.Module):
     ):
         if context is not None or kv is not None or alibi_slopes is not None or bias is not None:
             raise ValueError("linformer attention is self-attention without score biases")
-        if causal or cache is not None:
-            raise ValueError(NO_CACHE.replace("no decoding cache", "no causal form"))
+        self.refuse_causal(causal, cache)
         if x.shape[1] > self.max_len:
             raise ValueError(
                 f"linformer projects at most model.max_len={self.max_len} positions, "

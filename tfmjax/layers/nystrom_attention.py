@@ -47,14 +47,13 @@ import jax.numpy as jnp
 from tfmjax.kernels.nystrom import TAPS, nystrom_attention
 from tfmjax.layers.attention import head_projections, through_result
 from tfmjax.layers.axes import HEADS, named
+from tfmjax.layers.bidirectional import BidirectionalOnly
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.hooks import hook, wanted
 from tfmjax.layers.positions import apply_rope
 
-NO_CACHE = "model.attention='nystrom' is bidirectional only and has no decoding cache"
 
-
-class NystromAttention(nn.Module):
+class NystromAttention(BidirectionalOnly, nn.Module):
     """``x [B,T,D]`` -> ``([B,T,D], None)``: Nyström self-attention (bidirectional)."""
 
     d_model: int
@@ -71,8 +70,7 @@ class NystromAttention(nn.Module):
     # Per-head query, key, value and out kernels: every kernel's logits are segment means of
     # x_q W_Q W_Kᵀ x_kᵀ, and each head writes a mix of its rows' x W_V W_O (QK/OV circuits).
     qk_ov_circuits: ClassVar[bool] = True
-    causal_only: ClassVar[bool] = False
-    bidirectional_only: ClassVar[bool] = True  # no causal form: decoders keep softmax
+    variant: ClassVar[str] = "nystrom"  # no causal form: decoders keep softmax
 
     @classmethod
     def from_block_config(cls, c: BlockConfig, name: str):
@@ -91,16 +89,6 @@ class NystromAttention(nn.Module):
             dtype=c.dtype,
             name=name,
         )
-
-    @classmethod
-    def init_cache(cls, c: BlockConfig, batch: int, capacity: int) -> dict:
-        """Refused: there is no decoding form (decoders keep softmax self-attention)."""
-        raise ValueError(NO_CACHE)
-
-    @classmethod
-    def cache_bytes(cls, c: BlockConfig, batch: int, num_layers: int, capacity: int) -> int:
-        """Refused, as :meth:`init_cache`."""
-        raise ValueError(NO_CACHE)
 
     def setup(self):
         sizes = (self.d_model, self.num_heads, self.num_kv_heads, self.head_dim)
@@ -130,8 +118,7 @@ class NystromAttention(nn.Module):
     ):
         if context is not None or kv is not None or alibi_slopes is not None or bias is not None:
             raise ValueError("nystrom attention is self-attention without score biases")
-        if causal or cache is not None:
-            raise ValueError(NO_CACHE.replace("no decoding cache", "no causal form"))
+        self.refuse_causal(causal, cache)
         q, k, v = self.query(x), self.key(x), self.value(x)
         q, k, v = (hook(self, f"hook_{n}", a) for n, a in (("q", q), ("k", k), ("v", v)))
         if self.rope_base is not None:
