@@ -3,6 +3,7 @@
 training on ``reverse``."""
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -92,3 +93,22 @@ def _trained(random_params, family: str, steps: int = 400):
 def trained(random_params):
     """``trained(family)`` -> (task, model, params, eval batch): reverse, 400 steps."""
     return functools.partial(_trained, random_params)
+
+
+@pytest.fixture
+def hooks_off(monkeypatch):
+    """``hooks_off(*module names)``: each module's ``hook``, ``wanted`` and ``edited`` (and
+    ``tfmjax.layers.hooks``'s) made an identity / False, as if the model had no hooks."""
+
+    def switch(*names):
+        for name in ("tfmjax.layers.hooks", *names):
+            module = importlib.import_module(name)
+            for attr, off in (
+                ("hook", lambda m, n, x: x),
+                ("wanted", lambda m, n: False),
+                ("edited", lambda m, n: False),
+            ):
+                if hasattr(module, attr):
+                    monkeypatch.setattr(module, attr, off)
+
+    return switch

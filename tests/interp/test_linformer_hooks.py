@@ -8,8 +8,6 @@ Tolerance: float32 model against float64 references a few operations back: 1e-5 
 reference's largest entry.
 """
 
-import importlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -118,7 +116,7 @@ def test_short_names_and_axes():
     assert axes("encoder.blocks.0.attn.hook_pattern") == (2, 1)
 
 
-def test_hooks_cost_nothing_when_off(built, monkeypatch):
+def test_hooks_cost_nothing_when_off(built, monkeypatch, hooks_off):
     """The plain apply lowers to the same program as one whose hooks are identities and
     whose pattern is never wanted (as test_hooks does for the other variants)."""
     model, params, batch = built
@@ -127,13 +125,5 @@ def test_hooks_cost_nothing_when_off(built, monkeypatch):
     with monkeypatch.context() as m:  # the comparison sees the pattern's tap when it is on
         m.setattr("tfmjax.layers.linformer_attention.wanted", lambda _, n: n == "hook_pattern")
         assert lowered() != with_hooks
-    for name in ("tfmjax.layers.hooks", "tfmjax.layers.linformer_attention"):
-        module = importlib.import_module(name)
-        for attr, off in (
-            ("hook", lambda m, n, x: x),
-            ("wanted", lambda m, n: False),
-            ("edited", lambda m, n: False),
-        ):
-            if hasattr(module, attr):
-                monkeypatch.setattr(module, attr, off)
+    hooks_off("tfmjax.layers.linformer_attention")
     assert lowered() == with_hooks

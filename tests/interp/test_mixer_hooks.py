@@ -15,7 +15,6 @@ a recurrence or a softmax of a sum of 16 products lies in between.
 
 import dataclasses
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -376,7 +375,7 @@ HOOKED_MODULES = (
 )
 
 
-def test_hooks_cost_nothing_when_off(mixer, monkeypatch):
+def test_hooks_cost_nothing_when_off(mixer, monkeypatch, hooks_off):
     """The plain apply lowers to the same program as a model whose hooks are identities and
     whose costly activations are never wanted (as test_hooks, for each mixer)."""
     lowered = lambda: jax.jit(mixer.model.apply).lower(mixer.params, mixer.batch).as_text()  # noqa: E731
@@ -387,15 +386,7 @@ def test_hooks_cost_nothing_when_off(mixer, monkeypatch):
         wanted = lambda m, n: n == "hook_kernel_f"  # noqa: E731
         monkeypatch.setattr("tfmjax.layers.nystrom_attention.wanted", wanted)
         assert lowered() != with_hooks
-    for name in HOOKED_MODULES:
-        module = importlib.import_module(name)
-        for attr, off in (
-            ("hook", lambda m, n, x: x),
-            ("wanted", lambda m, n: False),
-            ("edited", lambda m, n: False),
-        ):
-            if hasattr(module, attr):
-                monkeypatch.setattr(module, attr, off)
+    hooks_off(*HOOKED_MODULES)
     assert lowered() == with_hooks
 
 
