@@ -287,6 +287,8 @@ def test_helpers_refuse_what_they_cannot_read(rows, tiny):
     _, cache = run_with_cache(model, params, rows(model))
     assert cache["pattern", 0] is cache["decoder.blocks.0.attn.hook_pattern"]
     assert cache["scale"] is cache["decoder.ln_final.hook_scale"]
+    with pytest.raises(ValueError, match=r"token id 16 is outside the vocabulary \(ids 0..15\)"):
+        cache.logit_attrs(cache.decompose_resid(pos_slice=-1), jnp.array([3, 16, 4]))
     post, post_params = tiny("decoder_only", norm_position="post")
     _, post_cache = run_with_cache(post, post_params, rows(post))
     with pytest.raises(ValueError, match="need a pre-norm model") as info:

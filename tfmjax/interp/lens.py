@@ -31,7 +31,9 @@ a cache rebuilt from its leaves (through ``jax.jit``) is bound again with ``cach
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tfmjax.interp.circuits import embedding_matrices
 
@@ -254,6 +256,14 @@ class TransformerLensHelpers:
             )
         self._head_params()
         _, W_U = embedding_matrices(model, self.params)  # [D,V]
+        V = W_U.shape[1]
+        if not isinstance(tokens, jax.core.Tracer):  # JAX would clamp an id out of range
+            ids = np.asarray(tokens)
+            if ids.size and (ids.min() < 0 or ids.max() >= V):
+                raise ValueError(
+                    f"token id {int(ids.max() if ids.max() >= V else ids.min())} is outside "
+                    f"the vocabulary (ids 0..{V - 1})"
+                )
         return jnp.moveaxis(W_U.astype(jnp.float32)[:, jnp.asarray(tokens)], 0, -1)
 
     def logit_attrs(
