@@ -129,6 +129,12 @@ class ModelConfig:
     output_bias: bool = option(
         False, help="a learned bias [V] on the logits (BERT, BART's final_logits_bias)"
     )
+    vocab_multiple: int = option(
+        1,
+        help="the output projection runs over vocab_size rounded up to a multiple of this "
+        "(GPU matmuls prefer 128: GPT-2's 50,257 -> 50,304); the extra columns are zeros cut "
+        "off before any loss or sample, and params, checkpoints and exports keep vocab_size",
+    )
     dropout_rate: float = option(0.0, help="residual dropout: embeddings and every sublayer output")
     window: int | None = option(
         None, help="sliding-window attention: past positions a query sees; none = all"
@@ -289,6 +295,7 @@ class ModelConfig:
             "model",
             self,
             "vocab_size",
+            "vocab_multiple",
             "d_model",
             "num_heads",
             "num_kv_heads",
@@ -437,6 +444,11 @@ class ModelConfig:
                 "sinusoidal, learned, rope or none",
             )
             no_sparse_pattern(self, "linear")
+
+    @property
+    def projected_vocab(self) -> int:
+        """Columns of the output projection: ``vocab_size`` rounded up to ``vocab_multiple``."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def latent_kv_rank(self) -> int:

@@ -120,6 +120,12 @@ class TrainConfig:
     prefetch: bool = option(
         True, help="build the next batches on a background thread while the steps run"
     )
+    loss_chunk: int = option(
+        0,
+        help="positions per chunk of the training loss: the output projection and the "
+        "cross-entropy run chunk by chunk, recomputed in the backward pass, so float32 logits "
+        "[B, T, V] never exist at once (the same loss and gradients); 0 = the whole batch",
+    )
 
     def steps_per_call_on(self, backend: str) -> int:
         """The steps a call runs on ``backend`` (``jax.default_backend()``): ``steps_per_call``,
@@ -144,6 +150,7 @@ class TrainConfig:
             "checkpoint_every",
             "keep_checkpoints",
         )
+        require(self.loss_chunk >= 0, "train.loss_chunk", self.loss_chunk, "must be >= 0")
         require(self.seed >= 0, "train.seed", self.seed, "must be >= 0")
         one_of("train.best_metric", self.best_metric, EVAL_METRICS)
         k = self.steps_per_call

@@ -1,4 +1,9 @@
-"""Token embedding with an optional tied output projection (weight tying, Press & Wolf 2017)."""
+"""Token embedding with an optional tied output projection (weight tying, Press & Wolf 2017),
+and the untied output projection.
+
+Both projections take ``columns`` >= V: the table or kernel is zero-padded to that many
+vocabulary columns before the matmul (GPU matmuls run faster at a multiple of 128: GPT-2's
+50,257 -> 50,304). The params keep V; the caller cuts the extra columns off."""
 
 from __future__ import annotations
 
@@ -25,10 +30,38 @@ class TokenEmbedding(nn.Module):
     def __call__(self, ids):
         return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
-    def attend(self, x):
-        """Tied output projection: logits = x E^T, float32 ``[B,T,V]``."""
-        logits = tied_logits(x.astype(self.dtype), self.embedding.astype(self.dtype))
+    def attend(self, x, columns: int | None = None):
+        """Tied output projection: logits = x E^T, float32 ``[B,T,columns]`` (default V),
+        the columns past V zero."""
+        table = pad_vocab(self.embedding.astype(self.dtype), 0, columns)
+        logits = tied_logits(x.astype(self.dtype), table)
         return constrain(logits, BATCH, LENGTH, VOCAB)
+
+
+class VocabProjection(nn.Module):
+    """Untied output projection ``x [B,T,D] -> [B,T,columns]`` in the compute dtype: kernel
+    ``[D,V]`` (``nn.Dense``'s initialiser and arithmetic), zero-padded to ``columns``."""
+
+    vocab_size: int
+    columns: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        init = named(nn.linear.default_kernel_init, EMBED, VOCAB)
+        kernel = self.param("kernel", init, (x.shape[-1], self.vocab_size))
+        x, kernel = nn.dtypes.promote_dtype(x, pad_vocab(kernel, 1, self.columns), dtype=self.dtype)
+        return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def pad_vocab(a, axis: int, columns: int | None):
+    """``a`` with zeros appended along its vocabulary ``axis`` up to ``columns`` entries."""
+    extra = 0 if columns is None else columns - a.shape[axis]
+    if extra <= 0:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(a, widths)
 
 
 @jax.custom_vjp

@@ -15,7 +15,7 @@ from tfmjax.layers.attention_variants import ATTENTION_VARIANTS, BIDIRECTIONAL_O
 from tfmjax.layers.axes import BATCH, EMBED, LENGTH, VOCAB, constrain, dense_inits, named
 from tfmjax.layers.block_config import BlockConfig
 from tfmjax.layers.dropout import Dropout
-from tfmjax.layers.embeddings import TokenEmbedding
+from tfmjax.layers.embeddings import TokenEmbedding, VocabProjection, pad_vocab
 from tfmjax.layers.hooks import hook
 from tfmjax.layers.mlp import PLAIN
 from tfmjax.layers.norms import make_norm
@@ -338,47 +338,53 @@ class Embedder(nn.Module):
             x = self.norms[own](x)
         return self.dropout(x, deterministic=deterministic)
 
-    def attend(self, x):
-        return self.tokens.attend(x)
+    def attend(self, x, columns: int | None = None):
+        return self.tokens.attend(x, columns)
 
 
 class OutputHead(nn.Module):
     """Final norm (pre-norm models), the optional masked-LM transform, the projection to
     logits ``[B,T,V]`` (float32) and the optional logit bias. Its hooks are named under
-    ``head_stack``, the stack it reads (``decoder.ln_final.hook_scale``)."""
+    ``head_stack``, the stack it reads (``decoder.ln_final.hook_scale``).
+
+    ``stage``: ``"all"`` (the stack's output -> logits), ``"inputs"`` (-> the projection's
+    input ``[B,T,D]``: norm and transform applied) or ``"project"`` (that input -> logits),
+    so a loss can project a few positions at a time (:mod:`tfmjax.train.chunked_loss`).
+    The projection runs over ``model.projected_vocab`` columns; those past V never leave."""
 
     cfg: ModelConfig
     head_stack: str = "decoder"
 
     @nn.compact
-    def __call__(self, x, embedder: Embedder):
+    def __call__(self, x, embedder: Embedder, stage: str = "all"):
         cfg = self.cfg
         dtype = DTYPES[cfg.dtype]
-        if cfg.norm_position == "pre":
-            x = make_norm(cfg.norm, cfg.norm_eps, name="final_norm")(x)
-        if cfg.mlm_head:
-            dense = nn.Dense(
-                cfg.d_model, dtype=dtype, name="mlm_dense", **dense_inits((EMBED, None), (None,))
-            )
-            x = PLAIN[cfg.activation](dense(x))
-            x = make_norm(cfg.norm, cfg.norm_eps, name="mlm_norm")(x)
+        if stage != "project":
+            if cfg.norm_position == "pre":
+                x = make_norm(cfg.norm, cfg.norm_eps, name="final_norm")(x)
+            if cfg.mlm_head:
+                dense = nn.Dense(
+                    cfg.d_model,
+                    dtype=dtype,
+                    name="mlm_dense",
+                    **dense_inits((EMBED, None), (None,)),
+                )
+                x = PLAIN[cfg.activation](dense(x))
+                x = make_norm(cfg.norm, cfg.norm_eps, name="mlm_norm")(x)
+        if stage == "inputs":
+            return x
+        columns = cfg.projected_vocab
         if cfg.tie_embeddings:
             if cfg.scale_tied_output:
                 x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
-            logits = embedder.attend(x)
+            logits = embedder.attend(x, columns)
         else:
-            head = nn.Dense(
-                cfg.vocab_size,
-                use_bias=False,
-                dtype=dtype,
-                name="lm_head",
-                **dense_inits((EMBED, VOCAB), (VOCAB,)),
-            )
+            head = VocabProjection(cfg.vocab_size, columns, dtype=dtype, name="lm_head")
             logits = constrain(head(x).astype(jnp.float32), BATCH, LENGTH, VOCAB)
         if cfg.output_bias:
             bias = self.param("output_bias", named(nn.initializers.zeros, VOCAB), (cfg.vocab_size,))
-            logits = logits + bias.reshape(1, 1, -1)
-        return logits
+            logits = logits + pad_vocab(bias, 0, columns).reshape(1, 1, -1)
+        return logits[..., : cfg.vocab_size] if columns > cfg.vocab_size else logits
 
 
 class PositionExtras(nn.Module):

@@ -47,6 +47,7 @@ class DecoderOnly(Family, nn.Module):
     config: ModelConfig
     deterministic: bool = True
     dropout_rate: Any = None  # in place of config.dropout_rate: a traced per-run rate
+    head_stage: str = "all"  # OutputHead's stage: "inputs" for a chunked loss
 
     family = "decoder_only"
     batch_format = "prompt_answer"
@@ -101,7 +102,7 @@ class DecoderOnly(Family, nn.Module):
             input_ids, positions, deterministic=self.deterministic, side="decoder", carry=carry
         )
         x, cache = self.stack(x, cache, BlockInputs(positions, segment_ids, slopes, bias))
-        return self.head(x, self.embedder), cache
+        return self.head(x, self.embedder, stage=self.head_stage), cache
 
     # -- the family interface (see tfmjax.models.family) ------------------------------------
 

@@ -50,6 +50,7 @@ class EncoderDecoder(Family, nn.Module):
     config: ModelConfig
     deterministic: bool = True
     dropout_rate: Any = None  # in place of config.dropout_rate: a traced per-run rate
+    head_stage: str = "all"  # OutputHead's stage: "inputs" for a chunked loss
 
     family = "encoder_decoder"
     batch_format = "seq2seq"
@@ -177,7 +178,7 @@ class EncoderDecoder(Family, nn.Module):
             jnp.asarray(encoded_segment_ids, jnp.int32),
         )
         x, cache = self.decoder(x, cache, inputs)
-        return self.head(x, self.embedder), cache
+        return self.head(x, self.embedder, stage=self.head_stage), cache
 
     # -- the family interface (see tfmjax.models.family) ------------------------------------
 

@@ -37,6 +37,7 @@ class EncoderOnly(Family, nn.Module):
     config: ModelConfig
     deterministic: bool = True
     dropout_rate: Any = None  # in place of config.dropout_rate: a traced per-run rate
+    head_stage: str = "all"  # OutputHead's stage: "inputs" for a chunked loss
 
     family = "encoder_only"
     head_stack = "encoder"
@@ -78,7 +79,7 @@ class EncoderOnly(Family, nn.Module):
             token_types=batch.get("token_types"),
         )
         x, _ = self.stack(x, None, BlockInputs(positions, segment_ids, slopes, bias))
-        return self.head(x, self.embedder)
+        return self.head(x, self.embedder, stage=self.head_stage)
 
     @nn.nowrap
     def layer_stacks(self) -> dict[str, int]:

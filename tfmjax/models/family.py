@@ -24,6 +24,8 @@ Training (the batch dict of ``batch_format``)
   ``dummy_batch(batch, length)``       all-ones int32 batch for ``init`` / ``eval_shape``
   ``apply_with_aux(params, batch)``    ``(logits, penalty, metrics)``: the auxiliary losses of
                                        mixture-of-experts layers (``aux_metric_names``)
+  ``head_inputs_with_aux(params, batch)``  the same stopped before the output projection;
+  ``project_head_inputs(params, h)``   the projection: ``[B,C,D]`` -> logits ``[B,C,V]``
   ``check_batch(batch)``               host: one-line :class:`InputError` on bad keys/ids/lengths
   ``targets_and_mask(batch)``          traced: ids the logits predict and the loss weight ``[B,T]``
 
@@ -161,6 +163,20 @@ class Family:
             return self.apply(params, batch, **kwargs), jnp.zeros((), jnp.float32), {}
         logits, sown = self.apply(params, batch, mutable=[MOE_COLLECTION], **kwargs)
         return (logits, *moe_terms(sown.get(MOE_COLLECTION, {}), self.config))
+
+    def head_inputs_with_aux(self, params, batch: dict, **kwargs):
+        """``(head inputs [B,T,D], penalty, metrics)``: :meth:`apply_with_aux` stopped before
+        the output projection (the final norm and any masked-LM transform applied); with
+        :meth:`project_head_inputs` the loss forms the logits a few positions at a time."""
+        return self.clone(head_stage="inputs").apply_with_aux(params, batch, **kwargs)
+
+    def project_head_inputs(self, params, head_inputs):
+        """``head inputs [B,C,D]`` -> float32 logits ``[B,C,V]``: the rest of the head."""
+
+        def project(module, x):
+            return module.head(x, module.embedder, stage="project")
+
+        return self.apply(params, head_inputs, method=project)
 
     # -- evaluation and generation -------------------------------------------------------
 

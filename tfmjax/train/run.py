@@ -253,6 +253,7 @@ def make_training(experiment: Experiment, hyper: dict | None = None) -> tuple:
         schedule,
         label_smoothing=h["optim.label_smoothing"],
         grad_accum_steps=o.grad_accum_steps,
+        loss_chunk=experiment.train.loss_chunk,
     )
     return schedule, tx, step
 

@@ -34,30 +34,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tfmjax.losses import cross_entropy, sequence_exact_match, token_accuracy
+from tfmjax.train.loss_sums import batch_sums, chunked_batch_sums
 from tfmjax.train.state import AUX_PREFIX, TrainState, sum_keys
-
-
-def batch_sums(logits, targets, mask, label_smoothing: float) -> dict:
-    """Float32 sums of a batch: smoothed loss, NLL, tokens, correct tokens, exact sequences.
-    ``label_smoothing`` may be a traced per-run array (:mod:`tfmjax.train.stacked`): where it
-    is 0 the NLL is then the loss sum itself, as for a Python 0."""
-    loss_sum, tokens = cross_entropy(logits, targets, mask, label_smoothing)
-    if isinstance(label_smoothing, jax.Array):
-        nll = cross_entropy(logits, targets, mask)[0]
-        nll_sum = jnp.where(label_smoothing > 0, nll, loss_sum)
-    else:
-        nll_sum = cross_entropy(logits, targets, mask)[0] if label_smoothing else loss_sum
-    correct, _ = token_accuracy(logits, targets, mask)
-    exact, sequences = sequence_exact_match(logits, targets, mask)
-    return {
-        "loss_sum": loss_sum,
-        "nll_sum": nll_sum,
-        "tokens": tokens,
-        "correct": correct,
-        "exact": exact.astype(jnp.float32),
-        "sequences": sequences.astype(jnp.float32),
-    }
 
 
 def _microbatches(batch: dict, k: int) -> dict:
@@ -72,19 +50,27 @@ def make_train_step(
     *,
     label_smoothing: float = 0.0,
     grad_accum_steps: int = 1,
+    loss_chunk: int = 0,
 ) -> Callable:
     """The pure step for ``model`` (built with ``deterministic=False`` for dropout).
 
     ``schedule`` only reports the learning rate; ``tx`` must already contain it.
+    ``loss_chunk`` > 0: the loss projects that many positions at a time
+    (:func:`~tfmjax.train.loss_sums.chunked_batch_sums`; ``train.loss_chunk``).
     Returns ``train_step(state, batch) -> (state, metrics)``, not jitted
     (see :func:`jit_train_step`).
     """
 
     def grad_sums(params, batch, rng):
         def loss_fn(p):
-            logits, penalty, aux = model.apply_with_aux(p, batch, rngs={"dropout": rng})
             targets, mask = model.targets_and_mask(batch)
-            sums = batch_sums(logits, targets, mask, label_smoothing)
+            if loss_chunk:
+                h, penalty, aux = model.head_inputs_with_aux(p, batch, rngs={"dropout": rng})
+                project = lambda x: model.project_head_inputs(p, x)  # noqa: E731
+                sums = chunked_batch_sums(h, project, targets, mask, label_smoothing, loss_chunk)
+            else:
+                logits, penalty, aux = model.apply_with_aux(p, batch, rngs={"dropout": rng})
+                sums = batch_sums(logits, targets, mask, label_smoothing)
             sums.update({f"{name}_sum": value * sums["tokens"] for name, value in aux.items()})
             if not aux:  # a dense model: the objective is the loss alone
                 return sums["loss_sum"], sums
