@@ -17,8 +17,10 @@ Channel-mix (eq. 18-20), :class:`RWKVChannelMix`, ``F = model.d_ff`` hidden unit
 
     r = sigmoid(W_r lerp(mu_r)),   out = r * W_v relu(W_k lerp(mu_k))^2
 
-Biases follow ``model.attention_bias`` (time-mix) and ``model.mlp_bias`` (channel-mix); the
-paper's model has none (the preset ``tiny-rwkv`` sets ``use_bias = false``). Initialisation is
+Biases follow ``model.attention_bias`` (time-mix) and ``model.mlp_bias`` (channel-mix), but
+``W_k`` of the time-mix never has one: adding a constant to every ``k_i`` scales the WKV's
+numerator and denominator alike, so it would cancel (and get no gradient). The paper's model
+has no biases (the preset ``tiny-rwkv`` sets ``use_bias = false``). Initialisation is
 the official code's for the first layer, in every layer (a scanned stack shares one init):
 ``time_decay_i = -5 + 8 (i/(D-1))^0.7``, ``time_first_i = log 0.3 + 0.5 ((i+1) mod 3 - 1)``,
 ``mu_k = mu_v = i/D``, ``mu_r = (i/D)^0.5`` (channel-mix: ``mu_k = mu_r = i/D``).
@@ -193,7 +195,8 @@ class RWKVTimeMix(nn.Module):
         x, shifted = token_shift(x, prev, keep)
         dense = lambda name, axes: _dense(self, D, name, axes, self.attention_bias)  # noqa: E731
         r = dense("receptance", (EMBED, MLP))(lerp(self, "time_mix_r", _mu_init(0.5), x, shifted))
-        k = dense("key", (EMBED, MLP))(lerp(self, "time_mix_k", _mu_init(1.0), x, shifted))
+        k = _dense(self, D, "key", (EMBED, MLP), False)  # a bias would cancel in the WKV ratio
+        k = k(lerp(self, "time_mix_k", _mu_init(1.0), x, shifted))
         v = dense("value", (EMBED, MLP))(lerp(self, "time_mix_v", _mu_init(1.0), x, shifted))
         r, k, v = (hook(self, f"hook_rwkv_{n}", a) for n, a in (("r", r), ("k", k), ("v", v)))
         w = jnp.exp(self.param("time_decay", named(_decay_init, MLP), (D,)))
