@@ -1,5 +1,5 @@
-"""Decoding cache size per attention system: MHA, GQA, MQA, MLA, linear attention, retention
-and the selective scan.
+"""Decoding cache size per attention system: MHA, GQA, MQA, MLA, linear attention, retention,
+the selective scan and RWKV.
 
     python bench/cache_size.py [--width 768 --heads 12 --layers 12]
 
@@ -13,6 +13,8 @@ memory is allocated) and checked against the formula (``model.kv_cache_bytes``):
   retention         L · N · H · H            (state S per head), whatever S is
   selective scan    L · E · (P + W - 1)      (scan state, last W-1 conv inputs; E = 2D,
                                               P = 16, W = 4), whatever S is
+  rwkv              L · D · 5                (WKV numerator, denominator, exponent; the last
+                                              inputs of time-mix and channel-mix), whatever S is
 float32 throughout; segment ids and indices are not counted.
 """
 
@@ -52,6 +54,7 @@ def systems(width: int, heads: int, layers: int) -> dict[str, ModelConfig]:
         "selective_scan (P=16)": ModelConfig(
             **dict(base, position="none"), attention="selective_scan"
         ),
+        "rwkv": ModelConfig(**dict(base, position="none"), attention="rwkv"),
     }
 
 
@@ -91,7 +94,8 @@ def main(argv=None) -> int:
         cells = "".join(f"{size / 2**20:>11.2f} MB" for size in sizes)
         print(f"{name:<22}{cells}{per_token:>10.0f} B{mha_per_token / per_token:>8.1f}x")
     print(
-        "linear attention's, retention's and the selective scan's states do not grow with S: "
+        "linear attention's, retention's, the selective scan's and rwkv's states do not grow "
+        "with S: "
         "their 'per token' is at S=16384."
     )
     return 0

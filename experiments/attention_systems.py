@@ -18,7 +18,7 @@ initialisation, data order and dropout); the table gives the mean and the range 
 seeds stored, the figure (``docs/attention_systems.png``) every seed's result.
 MLA's latent width is chosen so that its parameter count matches softmax attention's (the
 table shows both counts); linear attention and the sparse patterns have the same
-projections as softmax attention; the recurrent mixers (retention, selective scan) have
+projections as softmax attention; the recurrent mixers (retention, selective scan, rwkv) have
 their own, so their parameter counts differ.
 """
 
@@ -77,10 +77,14 @@ TOY = ("reverse", "associative_recall", "induction_head")
 MLA_RANK = {"reverse": 43, "associative_recall": 60, "induction_head": 48, "shakespeare_char": 85}
 
 
+# The variants that cannot take RoPE: the selective scan (its causal convolution and
+# input-dependent decay carry order, as in Mamba) and rwkv (token shift and decay, as in
+# RWKV-4) run a RoPE task without positions.
+NO_ROPE = ("selective_scan", "rwkv")
+
+
 def _uses_rope(task: str) -> bool:
-    """The task's config uses RoPE, which the selective scan cannot take (its causal
-    convolution and input-dependent decay carry order, as in Mamba): it runs such a task
-    without positions."""
+    """The task's config uses RoPE, which the :data:`NO_ROPE` variants cannot take."""
     return load(ROOT / TASKS[task]).model.position == "rope"
 
 
@@ -116,6 +120,9 @@ _VARIANTS = {
     "retention": (["model.attention=retention"],) * 2,
     # Mamba-style: input-dependent decay, causal conv, associative scan
     "selective_scan": (["model.attention=selective_scan"],) * 2,
+    # RWKV-4: token shift, learned per-channel decay, its channel-mix as the feed-forward
+    # (squared ReLU, so the configs' GELU gives way to relu, which it squares)
+    "rwkv": (["model.attention=rwkv", "model.activation=relu"],) * 2,
     # In the encoder (ENCODER_TASKS): softmax, and Nystrom with landmarks over segments of
     # about 5 tokens on the toy tasks (15-22 tokens) and 8 on text (64): a real
     # approximation, not M = T, which is exact
@@ -135,7 +142,7 @@ VARIANTS = {
     variant: {
         task: list(toy if task in TOY else text)
         + ([f"model.kv_rank={MLA_RANK[task]}"] if variant == "mla" else [])
-        + (["model.position=none"] if variant == "selective_scan" and _uses_rope(task) else [])
+        + (["model.position=none"] if variant in NO_ROPE and _uses_rope(task) else [])
         for task in TASKS
     }
     for variant, (toy, text) in _VARIANTS.items()

@@ -99,6 +99,8 @@ def test_every_attention_system_builds_a_block():
             "selective_scan": {"in_proj", "conv_kernel", "conv_bias", "x_proj", "dt_proj"}
             | {"A_log", "D_skip", "out_proj"},
             "linformer": {"query", "key", "value", "out", "proj_e", "proj_f"},
+            "rwkv": {"receptance", "key", "value", "output", "time_decay", "time_first"}
+            | {"time_mix_r", "time_mix_k", "time_mix_v"},
         }
         assert names == expected.get(attention, {"query", "key", "value", "out"})
 

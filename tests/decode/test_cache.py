@@ -32,6 +32,7 @@ DECODER_ONLY = [
     ("tiny-linear", {"feature_map": "favor", "num_features": 16, "num_kv_heads": 2}),
     ("tiny-retnet", {"num_layers": 1}),  # retention: RoPE, chunkwise prefill, then steps
     ("tiny-mamba", {"num_layers": 1}),  # selective scan: scan and convolution states
+    ("tiny-rwkv", {}),  # rwkv: WKV state and both token shifts (time-mix, channel-mix)
     ("tiny-mixtral", {}),  # mixture of experts: top-2, dropless, every block
     # top-1 every other block (a scanned stack of 2-block groups); dropless: with a capacity
     # the prefill could drop a token that one-token steps never drop
@@ -51,6 +52,7 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"attention": "linear", "position": "rope", "num_kv_heads": 1}),
     ("tiny-vaswani", {"attention": "retention", "num_layers": 1}),  # decoder self-mixer only
     ("tiny-vaswani", {"attention": "selective_scan", "num_layers": 1}),
+    ("tiny-vaswani", {"attention": "rwkv", "activation": "relu", "num_layers": 1}),
     ("tiny-vaswani", {"attention": "nystrom", "num_landmarks": 3, "num_layers": 1}),  # encoder
     ("tiny-vaswani", {"attention": "linformer", "linformer_rank": 3, "num_layers": 1}),  # encoder
     ("tiny-vaswani", {"moe_experts": 4, "moe_top_k": 2, "moe_capacity_factor": 0.0}),
@@ -61,7 +63,7 @@ ENCODER_DECODER = [
     ("tiny-vaswani", {"position": "abacus", "digit_first_id": 5, "abacus_count_from": "end"}),
     ("tiny-vaswani", {"position": "alibi", "position_sampling": "randomized", "max_position": 64}),
 ]
-RECURRENT = ("linear", "retention", "selective_scan")  # a constant-size state, no slots
+RECURRENT = ("linear", "retention", "selective_scan", "rwkv")  # a constant-size state, no slots
 STEPS = 5
 TOL = dict(rtol=1e-5, atol=1e-5)
 

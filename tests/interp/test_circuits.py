@@ -311,6 +311,7 @@ def test_encoder_decoder_stacks_and_cross_attention():
         dict(attention="linear"),
         dict(attention="mla", num_kv_heads=None, kv_rank=8),
         dict(attention="selective_scan", num_kv_heads=None),
+        dict(attention="rwkv", num_kv_heads=None, activation="relu"),
     ],
 )
 def test_other_attention_systems_raise(system):

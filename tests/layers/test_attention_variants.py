@@ -29,6 +29,7 @@ def test_names_are_the_table_keys():
             "linear",
             "retention",
             "selective_scan",
+            "rwkv",
             "nystrom",
             "linformer",
         )

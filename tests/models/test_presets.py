@@ -36,6 +36,17 @@ def selective_scan(D, P, expand, W):
     return D * 2 * E + W * E + E + E * (R + 2 * P) + R * E + E + E * P + E + E * D
 
 
+def rwkv_time_mix(D, bias):
+    # W_r, W_k, W_v, W_o (D x D; biases but on W_k, where one would cancel in the WKV
+    # ratio), time_decay, time_first and the three mu's (D each).
+    return 4 * D * D + (3 * D if bias else 0) + 5 * D
+
+
+def rwkv_channel_mix(D, F, bias):
+    # W_k (D x F), W_r (D x D), W_v (F x D), their biases, and the two mu's (D each).
+    return D * F + D * D + F * D + (F + 2 * D if bias else 0) + 2 * D
+
+
 def ffn(D, F, gated, bias):
     return (3 if gated else 2) * D * F + ((2 * F if gated else F) + D if bias else 0)
 
@@ -55,15 +66,20 @@ def closed_form(c):
         attn = retention(D, N, H, c.use_bias)
     if c.attention == "selective_scan":
         attn = selective_scan(D, c.ssm_state, c.ssm_expand, c.ssm_conv)
+    encoder_mlp = mlp  # rwkv's channel-mix replaces the feed-forward where it mixes
+    if c.attention == "rwkv":
+        attn, mlp = rwkv_time_mix(D, c.use_bias), rwkv_channel_mix(D, F, c.use_bias)
     if c.attention == "nystrom":  # plus the skip convolution's kernel W x N, no bias
         attn += c.nystrom_conv * N
     if c.attention == "linformer":  # plus the sequence projections E, F [R, max_len]
         attn += (1 if c.linformer_share_kv else 2) * c.linformer_rank * c.max_len
-    encoder_attn = softmax if c.attention in ("retention", "selective_scan") else attn
+    causal_only = ("retention", "selective_scan", "rwkv")
+    encoder_attn = softmax if c.attention in causal_only else attn
     total = V * D  # token embedding
     total += c.max_len * D if c.position == "learned" else 0
     total += 0 if c.tie_embeddings else V * D  # untied output projection
     total += ln if c.norm_position == "pre" else 0  # final norm
+    total += ln * (2 if c.per_side_embeddings else 1) if c.embed_norm else 0
     # A mixture-of-experts layer: E feed-forwards and the router (D x E, no bias), every
     # moe_every-th layer.
     moe_mlp = c.moe_experts * mlp + D * c.moe_experts
@@ -75,11 +91,11 @@ def closed_form(c):
     total += mixtures(c.num_layers) * (moe_mlp - mlp)
     if c.family == "encoder_decoder":
         decoder_layer = 2 * attn + mlp + 3 * ln
-        if c.attention in ("retention", "selective_scan"):
+        if c.attention in causal_only:
             decoder_layer = attn + softmax + mlp + 3 * ln
         if c.attention in ("nystrom", "linformer"):  # the decoder keeps softmax self-attention
             decoder_layer = 2 * softmax + mlp + 3 * ln
-        encoder_layer = encoder_attn + mlp + 2 * ln
+        encoder_layer = encoder_attn + encoder_mlp + 2 * ln
         total += mixtures(c.decoder_layers) * (moe_mlp - mlp)
         total += c.num_layers * encoder_layer + c.decoder_layers * decoder_layer
         total += ln if c.norm_position == "pre" else 0  # encoder's final norm
@@ -175,12 +191,14 @@ def test_gqa_shrinks_key_value_projections():
     assert mha_twin - count_params(llama) == saved * llama.num_layers
 
 
-@pytest.mark.parametrize("attention", ["retention", "selective_scan"])
+@pytest.mark.parametrize("attention", ["retention", "selective_scan", "rwkv"])
 @pytest.mark.parametrize("base", ["tiny-vaswani", "tiny-gpt2"])
 def test_recurrent_mixers_match_closed_form(base, attention):
     """Encoder-decoder: the decoder's self-mixer is the recurrent one, the encoder keeps
-    softmax self-attention (and cross-attention stays softmax)."""
-    config = preset(base, attention=attention, num_layers=1)
+    softmax self-attention (and cross-attention stays softmax); rwkv's decoder blocks take
+    its channel-mix, the encoder's keep the feed-forward."""
+    extra = {"activation": "relu"} if attention == "rwkv" else {}
+    config = preset(base, attention=attention, num_layers=1, **extra)
     assert count_params(config) == closed_form(config) == _tree_count(config)
 
 

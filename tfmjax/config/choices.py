@@ -24,10 +24,19 @@ LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_char")
 
 # model.attention: the self-attention system, the keys of the variants table
 # (tfmjax.layers.attention_variants.ATTENTION_VARIANTS), which tests/test_registries.py pins.
-ATTENTIONS = ("softmax", "mla", "linear", "retention", "selective_scan", "nystrom", "linformer")
+ATTENTIONS = (
+    "softmax",
+    "mla",
+    "linear",
+    "retention",
+    "selective_scan",
+    "rwkv",
+    "nystrom",
+    "linformer",
+)
 # The causal-only ones (no bidirectional form; the variants' ``causal_only``): an encoder
 # keeps softmax self-attention, encoder_only refuses them (tfmjax.config.mixer_checks).
-CAUSAL_ONLY_ATTENTIONS = ("retention", "selective_scan")
+CAUSAL_ONLY_ATTENTIONS = ("retention", "selective_scan", "rwkv")
 # The bidirectional-only ones (no causal form; the variants' ``bidirectional_only``): a
 # decoder keeps softmax self-attention, decoder_only refuses them (tfmjax.config.nystrom_checks).
 BIDIRECTIONAL_ONLY_ATTENTIONS = ("nystrom", "linformer")

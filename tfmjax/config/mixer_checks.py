@@ -1,10 +1,12 @@
 """The checks of the recurrent self-mixers ``model.attention = "retention"`` (RetNet, Sun et
-al. 2023) and ``"selective_scan"`` (Mamba, Gu & Dao 2023): each option that does not apply
-is refused in one ConfigError line naming the field.
+al. 2023), ``"selective_scan"`` (Mamba, Gu & Dao 2023) and ``"rwkv"`` (RWKV-4, Peng et al.
+2023): each option that does not apply is refused in one ConfigError line naming the field.
 
-Both are causal only: an encoder_only model cannot use them; an encoder_decoder model uses
+All are causal only: an encoder_only model cannot use them; an encoder_decoder model uses
 them as the decoder's self-mixer while its encoder keeps softmax self-attention (and
-cross-attention stays softmax attention).
+cross-attention stays softmax attention). rwkv brings its channel-mix as the feed-forward of
+those blocks, so it refuses the options of another feed-forward (a mixture of experts, an
+activation other than the channel-mix's ReLU, which it squares).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tfmjax.config.choices import CAUSAL_ONLY_ATTENTIONS
 REFUSED_POSITIONS = {
     "retention": ("alibi", "relative", "fire"),
     "selective_scan": ("rope", "alibi", "relative", "fire"),
+    "rwkv": ("rope", "alibi", "relative", "fire"),  # no queries; order from shift and decay
 }
 DEFAULTS = {"ssm_state": 16, "ssm_expand": 2, "ssm_conv": 4}
 
@@ -66,8 +69,10 @@ def check_recurrent_mixer(cfg: Any) -> None:
             cfg.num_kv_heads is None,
             "model.num_kv_heads",
             cfg.num_kv_heads,
-            "selective_scan has no heads: leave it unset",
+            f"{name} has no heads: leave it unset",
         )
+    if name == "rwkv":
+        _check_channel_mix(cfg)
     if cfg.family == "decoder_only":
         require(
             cfg.attention_impl == "auto",
@@ -76,3 +81,19 @@ def check_recurrent_mixer(cfg: Any) -> None:
             f"picks a softmax attention kernel; a decoder_only model with {name} has none: "
             "leave it 'auto'",
         )
+
+
+def _check_channel_mix(cfg: Any) -> None:
+    """rwkv's blocks take its channel-mix (squared ReLU) as their feed-forward."""
+    require(
+        cfg.activation == "relu",
+        "model.activation",
+        cfg.activation,
+        "model.attention='rwkv' brings its channel-mix feed-forward, relu(W_k x)^2: set 'relu'",
+    )
+    require(
+        cfg.moe_experts == 0,
+        "model.moe_experts",
+        cfg.moe_experts,
+        "model.attention='rwkv' brings its channel-mix feed-forward, not a mixture: set 0",
+    )

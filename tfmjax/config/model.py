@@ -157,7 +157,8 @@ class ModelConfig:
     attention: str = option(
         "softmax",
         help="self-attention system: softmax, mla (latent KV), linear (kernelised), retention "
-        "(RetNet) or selective_scan (Mamba), both causal: an encoder keeps softmax; nystrom "
+        "(RetNet), selective_scan (Mamba) or rwkv (RWKV-4 time-mix; its channel-mix replaces "
+        "the feed-forward), all three causal: an encoder keeps softmax; nystrom "
         "(Nystromformer landmarks) or linformer (sequence projections), both bidirectional: "
         "a decoder keeps softmax",
     )

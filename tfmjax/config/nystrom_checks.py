@@ -50,7 +50,7 @@ def check_nystrom(cfg: Any) -> None:
         "model.attention",
         name,
         f"model.attention={name!r} is bidirectional only: a decoder_only model needs a causal "
-        "self-attention (softmax, mla, linear, retention, selective_scan); encoder_decoder "
+        "self-attention (softmax, mla, linear, retention, selective_scan, rwkv); encoder_decoder "
         "uses it in the encoder",
     )
     require(

@@ -10,7 +10,7 @@ from tfmjax.config.checks import one_of, positive, require
 from tfmjax.config.choices import ABACUS_COUNTS, POSITION_SAMPLINGS
 
 # Mixers whose decoding cache is a fixed-size state, not one slot per position.
-STATE_MIXERS = ("linear", "retention", "selective_scan")
+STATE_MIXERS = ("linear", "retention", "selective_scan", "rwkv")
 
 
 def check_position_options(cfg: Any) -> None:

@@ -117,6 +117,20 @@ PRESETS: dict[str, dict] = {
     "tiny-mamba": dict(
         _LLAMA, **dict(_TINY, d_ff=192), attention="selective_scan", position="none"
     ),
+    # RWKV-4 (Peng et al. 2023): GPT-2-style pre-norm blocks whose attention is the time-mix
+    # (per-channel decay, token shift) and whose feed-forward the channel-mix (squared ReLU);
+    # no positions, no biases, the paper's ln0 after the embedding, an untied head. Decoding
+    # carries [5, D] numbers per layer (WKV state and two shifted inputs), not a KV cache.
+    "tiny-rwkv": dict(
+        _GPT2,
+        **_TINY,
+        attention="rwkv",
+        position="none",
+        activation="relu",
+        use_bias=False,
+        embed_norm=True,
+        tie_embeddings=False,
+    ),
     # Nystrom attention (Xiong et al. 2021) in BERT-style blocks: 8 landmarks (segment means
     # of queries and keys) approximate softmax attention in O(T·M).
     "tiny-nystrom": dict(_BERT, **_TINY, attention="nystrom", num_landmarks=8),

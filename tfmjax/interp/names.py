@@ -21,7 +21,9 @@ _ATTENTION |= {"kernel_f", "kernel_a", "kernel_b", "k_proj", "v_proj"}
 # ... and of the selective scan (under the block's attn. too).
 _ATTENTION |= {"conv_in", "ssm_input", "delta", "B", "C", "h", "ssm_state", "ssm_output"}
 _ATTENTION |= {"ssm_gate"}
-_MLP = frozenset({"pre", "post", "mid", "pre_linear"})
+# ... and of rwkv's time-mix (its channel-mix's receptance is an MLP hook).
+_ATTENTION |= {"rwkv_r", "rwkv_k", "rwkv_v", "wkv"}
+_MLP = frozenset({"pre", "post", "mid", "pre_linear", "receptance"})
 _NORM = frozenset({"scale", "normalized"})  # without a layer: the final norm's
 _WORD_ALIASES = {
     "attn": "pattern",

@@ -13,9 +13,13 @@ Each class builds itself from a block's config and owns its decoding cache:
 * ``causal_only``: no bidirectional form (:data:`CAUSAL_ONLY`): an encoder keeps softmax
   self-attention and an encoder_only model refuses it;
 * ``bidirectional_only``: no causal form (:data:`BIDIRECTIONAL_ONLY`), the reverse: a
-  decoder keeps softmax self-attention and a decoder_only model refuses it.
+  decoder keeps softmax self-attention and a decoder_only model refuses it;
+* ``feed_forward`` (optional): the module class that replaces the feed-forward of the blocks
+  the variant mixes in (rwkv's channel-mix): ``from_block_config(cfg, name)``, called as
+  ``ff(x, segment_ids, cache, deterministic=...) -> (y, cache)``, reading and writing its own
+  entries of the variant's per-layer cache (which ``init_cache`` and ``cache_bytes`` cover).
 
-Adding a variant (a recurrent mixer such as retention or the selective scan included) is one
+Adding a variant (a recurrent mixer such as retention, the selective scan or rwkv included) is one
 module with those members and one entry here; the config validates ``model.attention``
 against :data:`ATTENTION_NAMES`.
 """
@@ -28,6 +32,7 @@ from tfmjax.layers.linear_attention import LinearAttention
 from tfmjax.layers.linformer_attention import LinformerAttention
 from tfmjax.layers.nystrom_attention import NystromAttention
 from tfmjax.layers.retention import Retention
+from tfmjax.layers.rwkv import RWKVTimeMix
 from tfmjax.layers.selective_scan import SelectiveScan
 
 ATTENTION_VARIANTS: dict[str, type] = {
@@ -36,6 +41,7 @@ ATTENTION_VARIANTS: dict[str, type] = {
     "linear": LinearAttention,  # kernelised, constant-size state
     "retention": Retention,  # RetNet's multi-scale retention: causal, decaying state
     "selective_scan": SelectiveScan,  # a Mamba mixer: causal, convolution + scan state
+    "rwkv": RWKVTimeMix,  # RWKV-4's time-mix (and channel-mix feed-forward): causal, WKV state
     "nystrom": NystromAttention,  # Nyströmformer: landmarks, bidirectional only
     "linformer": LinformerAttention,  # Linformer: sequence projections, bidirectional only
 }

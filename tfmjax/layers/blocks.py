@@ -123,10 +123,21 @@ class _Block(nn.Module):
             return x
         return HeadInputs(q_in, k_in, v_in)
 
-    def _feed_forward(self, x, segment_ids=None):
-        """The feed-forward sublayer: dense, or a mixture of experts when ``moe`` (padding,
-        ``segment_ids`` 0, is routed nowhere)."""
+    def _feed_forward(self, x, segment_ids=None, cache=None):
+        """The feed-forward sublayer: dense, a mixture of experts when ``moe`` (padding,
+        ``segment_ids`` 0, is routed nowhere), or the self-mixer's own (rwkv's channel-mix,
+        which carries its entries of the layer's decoding ``cache``): ``(x, cache)``."""
         c = self.cfg
+        own = getattr(ATTENTION_VARIANTS[c.attention], "feed_forward", None)
+        if own is not None:
+            ff = own.from_block_config(c, "mlp")
+            x, cache = self._sublayer(
+                x,
+                lambda h: ff(h, segment_ids, cache, deterministic=self.deterministic),
+                "mlp",
+                in_hook=lambda h: hook(self, "hook_mlp_in", h),
+            )
+            return hook(self, "hook_resid_post", x), cache
         common = dict(mlp_bias=c.mlp_bias, dropout_rate=c.dropout_rate, dtype=c.dtype, name="mlp")
         if self.moe:
             ff = MoEFeedForward(
@@ -148,7 +159,7 @@ class _Block(nn.Module):
             "mlp",
             in_hook=lambda h: hook(self, "hook_mlp_in", h),
         )
-        return hook(self, "hook_resid_post", x)
+        return hook(self, "hook_resid_post", x), cache
 
 
 class SelfAttentionBlock(_Block):
@@ -176,7 +187,7 @@ class SelfAttentionBlock(_Block):
             in_hook=self._attention_input,
         )
         x = hook(self, "hook_resid_mid", x)
-        return self._feed_forward(x, inputs.segment_ids), cache
+        return self._feed_forward(x, inputs.segment_ids, cache)
 
 
 class DecoderBlock(_Block):
@@ -228,7 +239,8 @@ class DecoderBlock(_Block):
             "cross_attention",
         )
         x = hook(self, "hook_resid_mid_cross", x)
-        return self._feed_forward(x, inputs.segment_ids), cache
+        x, self_cache = self._feed_forward(x, inputs.segment_ids, self_cache)
+        return x, cache if cache is None else dict(cache, self=self_cache)
 
 
 EncoderBlock = SelfAttentionBlock

@@ -116,8 +116,8 @@ def cache_bytes(cfg: ModelConfig, batch: int, num_layers: int, capacity: int) ->
 
 
 def encoder_block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
-    """The block config of an encoder: a causal-only self-mixer (retention, selective_scan)
-    has no bidirectional form, so an encoder keeps softmax self-attention."""
+    """The block config of an encoder: a causal-only self-mixer (retention, selective_scan,
+    rwkv) has no bidirectional form, so an encoder keeps softmax self-attention."""
     c = block_config(cfg, dropout_rate)
     return c._replace(attention="softmax") if c.attention in CAUSAL_ONLY else c
 
