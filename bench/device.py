@@ -266,9 +266,34 @@ QUICK_TRAIN = [
 ]
 
 
-def _variants(quick: bool) -> list[dict]:
+# The step levers of docs/gpu_speed.md (issue #55), in order: each row trains with the
+# overrides of every row above it plus its own, so each is measured against the step before
+# it in the same run (``--train-levers``; a later override of a key replaces an earlier one).
+LEVERS = {
+    "base": [],
+    "vocab128": ["model.vocab_multiple=128"],  # 50,257 -> 50,304 columns
+    "chunk256": ["train.loss_chunk=256"],  # no float32 [B,T,V] logits
+    "batch16": ["data.batch_size=16"],
+    "batch32": ["data.batch_size=32"],
+    "remat": ["model.remat=true"],
+}
+
+
+def _variants(quick: bool, levers=None) -> dict[str, list[str]]:
+    """``{row name: train overrides}``: the steps_per_call x prefetch grid, or ``levers``."""
+    if levers:
+        chain = list(LEVERS)[: max(list(LEVERS).index(name) for name in levers) + 1]
+        rows = {name: sum((LEVERS[n] for n in chain[: i + 1]), []) for i, name in enumerate(chain)}
+        return {name: rows[name] for name in chain if name in levers}
     calls = (1, 4) if quick else (1, 16)
-    return [{"steps_per_call": k, "prefetch": p} for k in calls for p in (True, False)]
+    grid = [(k, p) for k in calls for p in (True, False)]
+    return {
+        f"steps_per_call={k} prefetch={p}": [
+            f"train.steps_per_call={k}",
+            f"train.prefetch={str(p).lower()}",
+        ]
+        for k, p in grid
+    }
 
 
 def _train_tokens_per_sec(config: str, overrides: list[str], steps: int, log_every: int) -> dict:
@@ -307,7 +332,9 @@ def _flops_per_token(experiment, batch) -> float:
     return model_flops(cfg, params, B, S, T) / (B * T)
 
 
-def bench_train(quick: bool, matmul_tflops: float, steps: int, dtype: str, names=None) -> dict:
+def bench_train(
+    quick: bool, matmul_tflops: float, steps: int, dtype: str, names=None, levers=None
+) -> dict:
     results = {}
     names = names or (["reverse"] if quick else list(TRAIN_SHAPES))
     peak = PEAK_BF16.get(_device_kind())
@@ -315,10 +342,8 @@ def bench_train(quick: bool, matmul_tflops: float, steps: int, dtype: str, names
         config, overrides = TRAIN_SHAPES[name]
         overrides = [*overrides, f"model.dtype={dtype}", *(QUICK_TRAIN if quick else [])]
         row = results[name] = {}
-        for variant in _variants(quick):
-            key = f"steps_per_call={variant['steps_per_call']} prefetch={variant['prefetch']}"
-            flags = [f"train.{k}={str(v).lower()}" for k, v in variant.items()]
-            log_every = max(variant["steps_per_call"], 16 if quick else 32)
+        for key, flags in _variants(quick, levers).items():
+            log_every = 16 if quick else 32  # a multiple of every steps_per_call above
             try:
                 got = _train_tokens_per_sec(config, [*overrides, *flags], steps, log_every)
             except Exception as error:  # noqa: BLE001 -- recorded, the run goes on
@@ -412,6 +437,9 @@ def main(argv=None) -> int:
     parser.add_argument("--widths", nargs="*", type=int, help="attention head widths (64 128)")
     parser.add_argument("--train-shapes", nargs="*", choices=list(TRAIN_SHAPES))
     parser.add_argument("--train-steps", type=int, default=None, help="steps per run (320)")
+    parser.add_argument(
+        "--train-levers", nargs="*", choices=list(LEVERS), help="rows of LEVERS, cumulative"
+    )
     args = parser.parse_args(argv)
     platform, quick = _platform(), args.quick
     repeats = args.repeats or (2 if quick else 5)
@@ -430,7 +458,7 @@ def main(argv=None) -> int:
     if "train" not in args.skip:
         steps = args.train_steps or (32 if quick else 320)
         result["train"] = bench_train(
-            quick, matmul_tflops, steps, result["dtype"], args.train_shapes
+            quick, matmul_tflops, steps, result["dtype"], args.train_shapes, args.train_levers
         )
     if "decode" not in args.skip:
         result["decode"] = bench_decode(quick, repeats, result["dtype"])

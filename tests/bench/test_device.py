@@ -42,3 +42,31 @@ def test_quick_device_bench_measures_every_cell(tmp_path):
     for batch, cell in result["decode"]["cells"].items():
         assert cell.get("tokens_per_sec", 0) > 0, (batch, cell)
     assert "training tokens/s" in done.stdout and f"wrote {path}" in done.stdout
+
+
+def test_levers_are_cumulative_rows_of_one_run(tmp_path):
+    """``--train-levers``: each row trains with its own overrides and every row's above it
+    (the padded vocabulary, then the chunked loss on top), each measured."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import device
+
+    rows = device._variants(False, ["base", "chunk256"])
+    assert rows == {
+        "base": [],
+        "chunk256": ["model.vocab_multiple=128", "train.loss_chunk=256"],
+    }
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "device.py"), "--quick", "--out", str(tmp_path)]
+        + ["--skip", "attention", "decode", "--train-steps", "16", "--repeats", "1"]
+        + ["--train-levers", "base", "chunk256"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("cpu-*-quick.json")
+    (train,) = json.loads(path.read_text())["train"].values()
+    assert set(train) == {"base", "chunk256"}
+    for lever, cell in train.items():
+        assert cell.get("tokens_per_sec", 0) > 0, (lever, cell)

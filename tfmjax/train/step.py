@@ -67,10 +67,14 @@ def make_train_step(
             if loss_chunk:
                 h, penalty, aux = model.head_inputs_with_aux(p, batch, rngs={"dropout": rng})
                 project = lambda x: model.project_head_inputs(p, x)  # noqa: E731
-                sums = chunked_batch_sums(h, project, targets, mask, label_smoothing, loss_chunk)
+                with jax.named_scope("loss"):  # op_names for bench/profile_step.py
+                    sums = chunked_batch_sums(
+                        h, project, targets, mask, label_smoothing, loss_chunk
+                    )
             else:
                 logits, penalty, aux = model.apply_with_aux(p, batch, rngs={"dropout": rng})
-                sums = batch_sums(logits, targets, mask, label_smoothing)
+                with jax.named_scope("loss"):
+                    sums = batch_sums(logits, targets, mask, label_smoothing)
             sums.update({f"{name}_sum": value * sums["tokens"] for name, value in aux.items()})
             if not aux:  # a dense model: the objective is the loss alone
                 return sums["loss_sum"], sums
@@ -99,9 +103,10 @@ def make_train_step(
         rng = jax.random.fold_in(state.root_key, state.step)
         grad_sum, sums = accumulate(state.params, batch, rng)
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grad_sum)
-        grad_norm = getattr(tx, "global_norm", optax.tree.norm)(grads)  # the clip's own sum
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        with jax.named_scope("optimizer"):
+            grad_norm = getattr(tx, "global_norm", optax.tree.norm)(grads)  # the clip's sum
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         ok = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
         keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
         lr = jnp.asarray(schedule(state.step), jnp.float32)
