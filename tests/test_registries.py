@@ -99,6 +99,7 @@ def test_every_attention_system_builds_a_block():
             "selective_scan": {"in_proj", "conv_kernel", "conv_bias", "x_proj", "dt_proj"}
             | {"A_log", "D_skip", "out_proj"},
             "linformer": {"query", "key", "value", "out", "proj_e", "proj_f"},
+            "lsh": {"query", "value", "out"},  # shared QK: no key projection
         }
         assert names == expected.get(attention, {"query", "key", "value", "out"})
 

@@ -31,6 +31,7 @@ def test_names_are_the_table_keys():
             "selective_scan",
             "nystrom",
             "linformer",
+            "lsh",
         )
     )
 

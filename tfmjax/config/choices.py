@@ -24,7 +24,16 @@ LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_char")
 
 # model.attention: the self-attention system, the keys of the variants table
 # (tfmjax.layers.attention_variants.ATTENTION_VARIANTS), which tests/test_registries.py pins.
-ATTENTIONS = ("softmax", "mla", "linear", "retention", "selective_scan", "nystrom", "linformer")
+ATTENTIONS = (
+    "softmax",
+    "mla",
+    "linear",
+    "retention",
+    "selective_scan",
+    "nystrom",
+    "linformer",
+    "lsh",
+)
 # The causal-only ones (no bidirectional form; the variants' ``causal_only``): an encoder
 # keeps softmax self-attention, encoder_only refuses them (tfmjax.config.mixer_checks).
 CAUSAL_ONLY_ATTENTIONS = ("retention", "selective_scan")
