@@ -75,6 +75,22 @@ def test_cached_decode_is_the_unchunked_forward(chunk):
         assert float(jnp.abs(chunked - want).max()) > 1e-4
 
 
+def test_padding_never_changes_real_outputs():
+    """Padding hashes into a bucket of its own, sorted last: with chunks of 3 (several per
+    row) right padding by any ids leaves the real tokens' logits alone."""
+    cfg = C.ModelConfig(family="decoder_only", attention="lsh", lsh_buckets=4, lsh_chunk=3, **TINY)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(3, 16, (2, 9)), jnp.int32)
+    model = build(cfg)
+    params = jax.jit(model.init)(jax.random.key(0), {"tokens": tokens})
+    apply = jax.jit(model.apply)
+    plain = apply(params, {"tokens": tokens})
+    segment_ids = jnp.concatenate([jnp.ones((2, 9), jnp.int32), jnp.zeros((2, 5), jnp.int32)], 1)
+    for filler in (0, 7):
+        padded = jnp.concatenate([tokens, jnp.full((2, 5), filler, jnp.int32)], axis=1)
+        out = apply(params, {"tokens": padded, "segment_ids": segment_ids})
+        np.testing.assert_allclose(out[:, :9], plain, rtol=1e-5, atol=1e-5)
+
+
 def test_encoder_decoder_uses_it_on_both_sides():
     cfg = C.ModelConfig(family="encoder_decoder", attention="lsh", **TINY)
     batch = {"inputs": jnp.arange(3, 11)[None], "targets": jnp.arange(3, 8)[None]}

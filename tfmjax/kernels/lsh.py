@@ -9,11 +9,12 @@ query ``i`` sees in round ``r`` is
     P_i^r = {j : same bucket in round r, and, sorting the row by (bucket, position) and
              cutting it into chunks of ``chunk`` tokens, j's chunk is i's or the one before}
 
-(no wrap-around: the first chunk sees itself only), intersected with ``causal`` (``j <= i``),
-the key mask (``mask``: padding) and equal segment ids (packed rows). A token sees itself
-only when it has nothing else: its own logit is replaced by ``SELF_LOGIT`` = -1e5 (the
-paper's rule); a padding query, which has no real key, sees itself alone. Rounds are
-combined by their logsumexp weights, each key's logit lowered by
+(no wrap-around: the first chunk sees itself only; padding, ``mask`` false, hashes into a
+bucket of its own sorted last, so it shifts no real token's chunk), intersected with
+``causal`` (``j <= i``), the key mask (``mask``: padding) and equal segment ids (packed
+rows). A token sees itself only when it has nothing else: its own logit is replaced by
+``SELF_LOGIT`` = -1e5 (the paper's rule); a padding query, which has no real key, sees
+itself alone. Rounds are combined by their logsumexp weights, each key's logit lowered by
 ``log N_ij`` (``N_ij``: the rounds whose ``P_i^r`` hold ``j``; the paper's eq. 4-5), so the
 combined output is exactly softmax attention over the union ``P_i = ∪_r P_i^r``:
 
@@ -25,10 +26,11 @@ combined output is exactly softmax attention over the union ``P_i = ∪_r P_i^r`
   no chunk restriction (every same-bucket key in some round): the unchunked LSH attention the
   chunks approximate, which is what cached decoding computes (:func:`lsh_decode`).
 
-Causal models: the chunk a token falls in depends on how many *later* tokens hash to lower
-buckets, so with ``chunk < T`` which past keys a query sees (never their values) depends on
-the future, as in the paper. With ``chunk >= T`` it does not, and the cached decode equals
-the training forward (tests/kernels/test_lsh.py).
+Packed rows are separated (segment ids) but share one sort: a segment's tokens can change
+another's chunks. Causal models: the chunk a token falls in depends on how many *later*
+tokens hash to lower buckets, so with ``chunk < T`` which past keys a query sees (never
+their values) depends on the future, as in the paper. With ``chunk >= T`` it does not, and
+the cached decode equals the training forward (tests/models/test_lsh.py).
 
 Shapes: ``q [B,T,N,H]`` (the shared query-keys), ``v [B,T,K,H]`` (``K`` divides ``N``: each
 value head serves ``N/K`` query heads), ``rotations [N,R,H,n_buckets/2]``, ``mask`` and
@@ -59,6 +61,18 @@ def hash_buckets(q, rotations):
         return jnp.zeros((B, N, R, T), jnp.int32)
     rotated = jnp.einsum("BTNH,NRHb->BNRTb", q.astype(jnp.float32), rotations)
     return jnp.argmax(jnp.concatenate([rotated, -rotated], -1), -1).astype(jnp.int32)
+
+
+def bucket_count(rotations) -> int:
+    """``n_buckets`` of ``rotations [N,R,H,n_buckets/2]`` (1 for the empty placeholder)."""
+    return 2 * rotations.shape[-1] if rotations.shape[-1] else 1
+
+
+def real_buckets(q, rotations, keep):
+    """:func:`hash_buckets`, padding (``keep [B,T]`` false) in bucket ``n_buckets``, of its
+    own and sorted last: padding then changes no real token's rank, so no real output."""
+    buckets = hash_buckets(q, rotations)
+    return jnp.where(keep[:, None, None, :], buckets, bucket_count(rotations))
 
 
 def sort_order(buckets):
@@ -108,8 +122,8 @@ def lsh_reference(
     B, T, N, H = q.shape
     G = N // v.shape[2]
     scale = H**-0.5 if scale is None else scale
-    buckets = hash_buckets(q, rotations) if buckets is None else buckets
     keep, seg = _defaults(q, mask, segment_ids)
+    buckets = real_buckets(q, rotations, keep) if buckets is None else buckets
     b = jnp.moveaxis(buckets, 2, -1)  # [B,N,T,R]
     c = None if chunk is None else jnp.moveaxis(sort_order(buckets)[1] // chunk, 2, -1)
     member = _members(
@@ -152,7 +166,7 @@ def lsh_attention(q, v, rotations, *, chunk, causal, mask=None, segment_ids=None
     m = min(chunk, T)
     C = -(-T // m)
     P = C * m - T  # padding to whole chunks
-    buckets = hash_buckets(q, rotations)  # [B,N,R,T]
+    buckets = real_buckets(q, rotations, keep)  # [B,N,R,T]
     R = buckets.shape[2]
 
     def pad(a, value):
@@ -160,8 +174,7 @@ def lsh_attention(q, v, rotations, *, chunk, causal, mask=None, segment_ids=None
 
     qf, vf = pad(q.astype(jnp.float32), 0.0), pad(jnp.repeat(v.astype(jnp.float32), G, 2), 0.0)
     keep, seg = pad(keep, False), pad(seg, -1)
-    n_buckets = 2 * rotations.shape[-1] if rotations.shape[-1] else 1
-    buckets = jnp.pad(buckets, [(0, 0)] * 3 + [(0, P)], constant_values=n_buckets)
+    buckets = jnp.pad(buckets, [(0, 0)] * 3 + [(0, P)], constant_values=bucket_count(rotations))
     order, rank = sort_order(buckets)  # [B,N,R,Tp]
     chunk_of = rank // m  # [B,N,R,Tp]
     # Per sorted token: its position, its bucket and chunk in every round (for N_ij).
