@@ -115,6 +115,15 @@ _VARIANTS = {
         ["model.window=8", "model.global_tokens=4", "model.random_blocks=2"]
         + ["model.random_block_size=16"],
     ),
+    # Reformer's LSH attention (shared QK: no key projection, so fewer parameters than
+    # softmax). Toy rows are 15-22 tokens: 4 buckets (about 5 tokens each) and chunks of 8,
+    # so a row is 2-3 chunks and the chunking is a real restriction (the cached decode that
+    # evaluation runs is then the unchunked form, docs/reformer.md); 64-char text: 8 buckets
+    # of about 8 and chunks of 16 (4 per row), the paper's chunk of about two buckets.
+    "lsh": (
+        ["model.attention=lsh", "model.lsh_buckets=4", "model.lsh_chunk=8"],
+        ["model.attention=lsh", "model.lsh_buckets=8", "model.lsh_chunk=16"],
+    ),
     # The recurrent mixers (their own projections: the table shows their parameter counts)
     # RetNet: multi-scale exponential decay, group norm, swish gate
     "retention": (["model.attention=retention"],) * 2,

@@ -101,6 +101,7 @@ def test_every_attention_system_builds_a_block():
             "linformer": {"query", "key", "value", "out", "proj_e", "proj_f"},
             "rwkv": {"receptance", "key", "value", "output", "time_decay", "time_first"}
             | {"time_mix_r", "time_mix_k", "time_mix_v"},
+            "lsh": {"query", "value", "out"},  # shared QK: no key projection
         }
         assert names == expected.get(attention, {"query", "key", "value", "out"})
 

@@ -32,6 +32,7 @@ def test_names_are_the_table_keys():
             "rwkv",
             "nystrom",
             "linformer",
+            "lsh",
         )
     )
 

@@ -73,6 +73,8 @@ def closed_form(c):
         attn += c.nystrom_conv * N
     if c.attention == "linformer":  # plus the sequence projections E, F [R, max_len]
         attn += (1 if c.linformer_share_kv else 2) * c.linformer_rank * c.max_len
+    if c.attention == "lsh":  # shared QK: no key projection W_K (D x KH) nor its bias
+        attn -= D * K * H + (K * H if c.use_bias else 0)
     causal_only = ("retention", "selective_scan", "rwkv")
     encoder_attn = softmax if c.attention in causal_only else attn
     total = V * D  # token embedding

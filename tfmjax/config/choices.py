@@ -33,6 +33,7 @@ ATTENTIONS = (
     "rwkv",
     "nystrom",
     "linformer",
+    "lsh",
 )
 # The causal-only ones (no bidirectional form; the variants' ``causal_only``): an encoder
 # keeps softmax self-attention, encoder_only refuses them (tfmjax.config.mixer_checks).

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfmjax.config.checks import check_types, no_sparse_pattern, one_of, positive, require
+from tfmjax.config.attention_checks import check_mla_and_linear
+from tfmjax.config.checks import check_types, one_of, positive, require
 from tfmjax.config.choices import (
     ACTIVATIONS,
     ATTENTION_IMPLS,
@@ -20,6 +21,7 @@ from tfmjax.config.choices import (
 from tfmjax.config.cudnn_checks import check_cudnn
 from tfmjax.config.fields import option
 from tfmjax.config.linformer_checks import check_linformer
+from tfmjax.config.lsh_checks import check_lsh, check_reversible
 from tfmjax.config.mixer_checks import check_recurrent_mixer
 from tfmjax.config.moe_checks import check_moe
 from tfmjax.config.nystrom_checks import check_nystrom
@@ -160,7 +162,7 @@ class ModelConfig:
         "(RetNet), selective_scan (Mamba) or rwkv (RWKV-4 time-mix; its channel-mix replaces "
         "the feed-forward), all three causal: an encoder keeps softmax; nystrom "
         "(Nystromformer landmarks) or linformer (sequence projections), both bidirectional: "
-        "a decoder keeps softmax",
+        "a decoder keeps softmax; lsh (Reformer: shared-QK hashed buckets, sorted chunks)",
     )
     kv_rank: int | None = option(
         None, help="mla: latent width R of keys/values (none: 4 head widths)"
@@ -193,6 +195,17 @@ class ModelConfig:
     )
     linformer_share_kv: bool = option(
         False, help="linformer: one projection for keys and values (the paper's E = F)"
+    )
+    lsh_buckets: int = option(8, help="lsh: hash buckets per round (1, or even)")
+    lsh_rounds: int = option(2, help="lsh: hash rounds, each its own random rotation")
+    lsh_chunk: int = option(
+        32, help="lsh: tokens per chunk of the sorted row (it sees its own and the previous chunk)"
+    )
+    lsh_seed: int = option(0, help="lsh: the seed of the fixed random rotations")
+    reversible: bool = option(
+        False,
+        help="reversible residual layers (Reformer): two streams, activations recomputed in "
+        "the backward pass instead of stored; decoder_only and encoder_only",
     )
     moe_experts: int = option(
         0, help="mixture of experts: experts E per MoE feed-forward; 0 = dense feed-forwards"
@@ -255,13 +268,15 @@ class ModelConfig:
     def __post_init__(self):
         check_types("model", self)
         self._check_names_and_ranges()
-        self._check_attention_system()
+        check_mla_and_linear(self)
         self._check_heads_and_positions()
         self._check_embeddings_and_layers()
         check_moe(self)
         check_recurrent_mixer(self)
         check_nystrom(self)
         check_linformer(self)
+        check_lsh(self)
+        check_reversible(self)
         check_position_options(self)
         require(  # after the systems that refuse sparse patterns have said so
             not self.random_blocks or self.window is not None or self.attention_stride is not None,
@@ -405,46 +420,6 @@ class ModelConfig:
                 self.num_decoder_layers,
                 "only encoder_decoder models have a separate decoder",
             )
-
-    def _check_attention_system(self) -> None:
-        """MLA and linear attention: the options that fit each (one ConfigError line)."""
-        if self.attention == "mla":
-            require(
-                self.num_kv_heads in (None, self.num_heads),
-                "model.num_kv_heads",
-                self.num_kv_heads,
-                "model.attention='mla' compresses keys and values into its latent "
-                "(model.kv_rank) instead of sharing heads: leave num_kv_heads unset",
-            )
-            if self.position == "rope":
-                require(
-                    self.mla_rope_dim % 2 == 0 and 0 < self.mla_rope_dim < self.head_width,
-                    "model.rope_dim",
-                    self.rope_dim,
-                    f"must be even and in (0, head width {self.head_width})",
-                )
-            else:
-                require(
-                    self.rope_dim in (None, 0),
-                    "model.rope_dim",
-                    self.rope_dim,
-                    "decoupled RoPE features need model.position='rope'",
-                )
-        elif self.kv_rank is not None or self.q_rank is not None or self.rope_dim is not None:
-            unused = "kv_rank" if self.kv_rank is not None else "q_rank"
-            unused = "rope_dim" if self.rope_dim is not None else unused
-            require(
-                False, f"model.{unused}", getattr(self, unused), "applies to model.attention='mla'"
-            )
-        if self.attention == "linear":
-            require(
-                self.position not in ("alibi", "relative", "fire"),
-                "model.position",
-                self.position,
-                "linear attention has no score matrix to add a position bias to: use "
-                "sinusoidal, learned, rope or none",
-            )
-            no_sparse_pattern(self, "linear")
 
     @property
     def projected_vocab(self) -> int:

@@ -137,6 +137,19 @@ PRESETS: dict[str, dict] = {
     # Linformer (Wang et al. 2020) in BERT-style blocks: keys and values projected along the
     # sequence from max_len = 128 positions to 16 rows, O(T·R) attention.
     "tiny-linformer": dict(_BERT, **_TINY, attention="linformer", linformer_rank=16),
+    # Reformer (Kitaev et al. 2020) in GPT-2-style blocks: LSH attention (shared QK, 8
+    # buckets, 2 hash rounds, chunks of 16: about max_len / buckets, the paper's choice of
+    # buckets per chunk) and reversible residual layers (unrolled, as they must be).
+    "tiny-reformer": dict(
+        _GPT2,
+        **_TINY,
+        attention="lsh",
+        lsh_buckets=8,
+        lsh_rounds=2,
+        lsh_chunk=16,
+        reversible=True,
+        scan_layers=False,
+    ),
     # BigBird (Zaheer et al. 2020) in BERT-style blocks: a window of 8 each side, 2 global
     # tokens and 2 random key blocks of 16 per query block of 16.
     "tiny-bigbird": dict(

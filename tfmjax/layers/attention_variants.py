@@ -30,6 +30,7 @@ from tfmjax.layers.attention import MultiHeadAttention
 from tfmjax.layers.latent_attention import LatentAttention
 from tfmjax.layers.linear_attention import LinearAttention
 from tfmjax.layers.linformer_attention import LinformerAttention
+from tfmjax.layers.lsh_attention import LSHAttention
 from tfmjax.layers.nystrom_attention import NystromAttention
 from tfmjax.layers.retention import Retention
 from tfmjax.layers.rwkv import RWKVTimeMix
@@ -44,6 +45,7 @@ ATTENTION_VARIANTS: dict[str, type] = {
     "rwkv": RWKVTimeMix,  # RWKV-4's time-mix (and channel-mix feed-forward): causal, WKV state
     "nystrom": NystromAttention,  # Nyströmformer: landmarks, bidirectional only
     "linformer": LinformerAttention,  # Linformer: sequence projections, bidirectional only
+    "lsh": LSHAttention,  # Reformer: shared-QK hashed into buckets, sorted chunks
 }
 # Variants with no bidirectional form: an encoder keeps softmax self-attention.
 CAUSAL_ONLY: tuple[str, ...] = tuple(n for n, v in ATTENTION_VARIANTS.items() if v.causal_only)

@@ -49,6 +49,10 @@ class BlockConfig(NamedTuple):
     max_len: int = 0  # linformer: the positions T_max its sequence projections span
     linformer_rank: int = 8  # linformer: projected keys/values R (the paper's k)
     linformer_share_kv: bool = False  # linformer: one projection for keys and values
+    lsh_buckets: int = 8  # lsh: hash buckets per round
+    lsh_rounds: int = 2  # lsh: hash rounds
+    lsh_chunk: int = 32  # lsh: tokens per chunk of the sorted row
+    lsh_seed: int = 0  # lsh: seed of the fixed rotations
     scale_attention: bool = True  # logits times 1/sqrt(head_dim); False: unscaled
     attention_impl: str = "auto"
     moe_experts: int = 0  # experts of the blocks whose feed-forward is a mixture

@@ -123,6 +123,18 @@ class _Block(nn.Module):
             return x
         return HeadInputs(q_in, k_in, v_in)
 
+    def _feed_forward_module(self):
+        """The dense feed-forward ``mlp`` (its sublayer's function, without norm and sum)."""
+        c = self.cfg
+        return FeedForward(
+            c.d_ff,
+            c.activation,
+            mlp_bias=c.mlp_bias,
+            dropout_rate=c.dropout_rate,
+            dtype=c.dtype,
+            name="mlp",
+        )
+
     def _feed_forward(self, x, segment_ids=None, cache=None):
         """The feed-forward sublayer: dense, a mixture of experts when ``moe`` (padding,
         ``segment_ids`` 0, is routed nowhere), or the self-mixer's own (rwkv's channel-mix,
@@ -152,7 +164,7 @@ class _Block(nn.Module):
             )
             args = (None if segment_ids is None else segment_ids > 0,)
         else:
-            ff, args = FeedForward(c.d_ff, c.activation, **common), ()
+            ff, args = self._feed_forward_module(), ()
         x, _ = self._sublayer(
             x,
             lambda h: (ff(h, *args, deterministic=self.deterministic), None),

@@ -80,6 +80,11 @@ def hooks_active(capture=None, edits: Mapping[str, Callable] | None = None, ever
         _STATE.reset(token)
 
 
+def active() -> bool:
+    """Whether hooks are on in this trace (inside :func:`hooks_active`)."""
+    return _STATE.get() is not None
+
+
 def _head_stack(module) -> str:
     """The ``head_stack`` of the output head enclosing ``module`` (``decoder`` by default)."""
     while isinstance(module, nn.Module):

@@ -31,6 +31,7 @@ from tfmjax.layers.positions import (
     sinusoidal,
     windowed_places,
 )
+from tfmjax.layers.reversible import ReversibleStack
 from tfmjax.layers.stack import LayerStack
 
 DTYPES = {name: jnp.dtype(name) for name in config_dtypes}  # model.dtype -> compute dtype
@@ -83,6 +84,10 @@ def block_config(cfg: ModelConfig, dropout_rate=None) -> BlockConfig:
         max_len=cfg.max_len,
         linformer_rank=cfg.linformer_rank,
         linformer_share_kv=cfg.linformer_share_kv,
+        lsh_buckets=cfg.lsh_buckets,
+        lsh_rounds=cfg.lsh_rounds,
+        lsh_chunk=cfg.lsh_chunk,
+        lsh_seed=cfg.lsh_seed,
         scale_attention=cfg.scale_attention,
         attention_impl=cfg.attention_impl,
         moe_experts=cfg.moe_experts,
@@ -145,6 +150,9 @@ def make_stack(
     ``model.moe_experts``, every ``model.moe_every``-th block's feed-forward is a mixture of
     experts. ``dropout_rate``: see :func:`dropout_rate_of`."""
     configure = encoder_block_config if encoder else decoder_block_config
+    if cfg.reversible:  # the config keeps it to self-attention blocks, unrolled and dense
+        block_kwargs = {"cfg": configure(cfg, dropout_rate), "deterministic": deterministic, **kw}
+        return ReversibleStack(block_kwargs, num_layers, name=name)
     return LayerStack(
         block,
         {"cfg": configure(cfg, dropout_rate), "deterministic": deterministic, **kw},
