@@ -23,6 +23,7 @@ from tfmjax.config.linformer_checks import check_linformer
 from tfmjax.config.mixer_checks import check_recurrent_mixer
 from tfmjax.config.moe_checks import check_moe
 from tfmjax.config.nystrom_checks import check_nystrom
+from tfmjax.config.patch_checks import check_patches
 from tfmjax.config.position_checks import check_position_options
 
 
@@ -244,6 +245,19 @@ class ModelConfig:
         help="decoder_only generation feeds bos_id before each prompt; false: it continues "
         "exactly the ids given (imported HF models, as transformers does)",
     )
+    input: str = option(
+        "tokens",
+        help="tokens (ids through an embedding table) or patches: images cut into "
+        "patch_size squares, each flattened and projected, behind a class token whose final "
+        "state names one of vocab_size classes (ViT, Dosovitskiy et al. 2021; encoder_only)",
+    )
+    image_size: int | None = option(
+        None, help="patches: height and width of the square images, in pixels"
+    )
+    patch_size: int | None = option(
+        None, help="patches: side of a square patch, in pixels (must divide image_size)"
+    )
+    channels: int = option(1, help="patches: colour channels C of the images [B,H,W,C]")
 
     def __post_init__(self):
         check_types("model", self)
@@ -255,6 +269,7 @@ class ModelConfig:
         check_recurrent_mixer(self)
         check_nystrom(self)
         check_linformer(self)
+        check_patches(self)
         check_position_options(self)
         require(  # after the systems that refuse sparse patterns have said so
             not self.random_blocks or self.window is not None or self.attention_stride is not None,
@@ -463,6 +478,19 @@ class ModelConfig:
         if self.position_sampling == "randomized" and self.max_position is not None:
             return max(self.max_len, self.max_position)
         return self.max_len
+
+    @property
+    def num_patches(self) -> int:
+        """Patches ``P`` of an image (``model.input = "patches"``; 0 for token input): the
+        encoder reads ``P + 1`` positions, the class token first."""
+        if self.input != "patches":
+            return 0
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def patch_dim(self) -> int:
+        """Numbers in one flattened patch, ``patch_size^2 * channels`` (0 for token input)."""
+        return self.patch_size**2 * self.channels if self.input == "patches" else 0
 
     @property
     def kv_heads(self) -> int:
