@@ -113,6 +113,7 @@ class ImageSource:
 
     digit_ids: tuple[int, ...] = ()  # labels, not digit tokens: no Abacus places
     batch_formats = IMAGE_FORMATS
+    tokenizer = None  # pixels, no tokens
 
     def __init__(self, name: str, params: dict[str, Any]):
         if name not in IMAGE_SETS:

@@ -208,7 +208,11 @@ def _patterns(run, batch, args, out: Path) -> dict:
 
 def _side_labels(run, row: dict) -> dict:
     """Token labels of one row's positions on each side, padding cut: the encoder reads its
-    inputs; a decoder reads BOS and then its tokens (shifted right)."""
+    inputs; a decoder reads BOS and then its tokens (shifted right). A model whose slots are
+    not tokens names them itself (an image model: ``cls``, ``patch 0 (r0,c0)``, ...)."""
+    named = run.model.position_labels()
+    if named is not None:
+        return {run.model.head_stack: named}
     out, real = {}, run.model.token_mask  # False on the model's pad id
     if "inputs" in row:
         ids = np.asarray(row["inputs"][0])

@@ -60,7 +60,7 @@ class PatchEmbedding(nn.Module):
         bias = self.param("bias", named(nn.initializers.zeros_init(), EMBED), (D,))
         cls = self.param("cls_token", named(nn.initializers.normal(0.02), EMBED), (D,))
         x = jnp.einsum("BPI,ID->BPD", patches.astype(self.dtype), kernel.astype(self.dtype))
-        x = x + bias.astype(self.dtype)
+        x = x + bias.astype(self.dtype).reshape(1, 1, D)
         x = jnp.concatenate([jnp.broadcast_to(cls.astype(self.dtype), (B, 1, D)), x], axis=1)
         x = hook(self, "encoder.hook_embed", x)
         if self.learned_positions:

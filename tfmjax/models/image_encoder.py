@@ -3,9 +3,11 @@
 ``model.input = "patches"``: ``model.apply(params, {"images": [B,Hi,Wi,C]})`` cuts each image
 into ``model.patch_size`` squares, projects each flattened patch to ``D``, puts a learned
 class token first and adds a learned position per slot (:mod:`tfmjax.layers.patches`); the
-encoder stack runs as for tokens (bidirectional, no padding), and the head reads the class
-token's final state: logits ``[B,1,V]`` over ``V = model.vocab_size`` classes (one "token"
-per image, so the losses and metrics of the token families apply unchanged).
+encoder stack runs as for tokens (bidirectional, no padding), and the head (final norm,
+projection) reads every slot: logits ``[B,1+P,V]`` over ``V = model.vocab_size`` classes, of
+which the class token's, ``logits[:, 0]``, name the image's class. The loss mask weighs slot
+0 only, so the losses and metrics of the token families apply unchanged, and so do the interp
+tools that read the head at every position (direct logit attribution, the logit lens).
 
 Trains on ``images`` batches (:mod:`tfmjax.data.images`): ``images`` float32 ``[B,Hi,Wi,C]``
 and ``labels`` int32 ``[B]``; the loss is the cross-entropy of the label. It does not
@@ -27,7 +29,7 @@ from tfmjax.models.encoder_only import EncoderOnly
 
 
 class PatchEncoder(EncoderOnly):
-    """An image classifier: ``images`` in, the class token's logits ``[B,1,V]`` out."""
+    """An image classifier: ``images`` in, logits ``[B,1+P,V]`` out (slot 0: the class)."""
 
     batch_format = "images"
     token_keys = ()
@@ -63,7 +65,7 @@ class PatchEncoder(EncoderOnly):
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         segment_ids = jnp.ones((B, T), jnp.int32)
         x, _ = self.stack(x, None, BlockInputs(positions, segment_ids))
-        return self.head(x[:, :1], None)  # the class token: [B, 1, V]
+        return self.head(x, None)  # [B, 1+P, V]; the class token's at slot 0
 
     @nn.nowrap
     def image_shape(self) -> tuple[int, int, int]:
@@ -106,9 +108,13 @@ class PatchEncoder(EncoderOnly):
 
     @nn.nowrap
     def targets_and_mask(self, batch: dict):
-        """The label of each image ``[B,1]`` (the one position scored), weight 1.0."""
-        labels = jnp.asarray(batch["labels"], jnp.int32)[:, None]
-        return labels, jnp.ones(labels.shape, jnp.float32)
+        """``[B,1+P]`` targets, the label at the class token (slot 0, weight 1.0) and 0 with
+        weight 0 at the patches."""
+        labels = jnp.asarray(batch["labels"], jnp.int32)
+        T = 1 + self.config.num_patches
+        first = jnp.arange(T) == 0
+        targets = jnp.where(first[None, :], labels[:, None], 0)
+        return targets, jnp.broadcast_to(first.astype(jnp.float32), targets.shape)
 
     @nn.nowrap
     def position_labels(self) -> list[str]:
