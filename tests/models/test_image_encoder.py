@@ -10,6 +10,7 @@ import pytest
 
 from tfmjax.config import ConfigError, ModelConfig, get_preset
 from tfmjax.decode import Greedy, generate
+from tfmjax.decode.api import check_model
 from tfmjax.models import InputError, PatchEncoder, build
 
 VIT = get_preset("tiny-vit")
@@ -102,7 +103,11 @@ def test_generation_is_refused_in_one_line(random_params):
     model = build(SMALL)
     with pytest.raises(ValueError, match="cannot generate") as err:
         generate(model, random_params(model), np.ones((1, 3), np.int32), Greedy(), 2)
-    assert "\n" not in str(err.value)
+    message = str(err.value)
+    assert "\n" not in message and "encoder_only" not in message
+    assert "patch (image) model (model.input='patches'): it has no generation" in message
+    with pytest.raises(ValueError, match=r"patch \(image\) model .* has no generation"):
+        check_model(model)
     with pytest.raises(NotImplementedError, match=r"model.input='patches'\) cannot generate"):
         model.eval_prompts({"images": np.zeros((1, 8, 8, 1))})
 

@@ -1,6 +1,7 @@
 """Training an image classifier (model.input = "patches") on the digits: it beats chance,
-its checkpoint evaluates to a test accuracy, a resume is bit-exact, and the interp patterns
-label positions as patches."""
+its checkpoint evaluates to a test accuracy, a resume is bit-exact, the interp patterns
+label positions as patches, DLA reads the class head, and the interp commands built on token
+sequences refuse a patch model in one line."""
 
 import os
 
@@ -46,7 +47,7 @@ def run(exp, **kw):
     return train(exp, progress=False, plot=False, stream=open(os.devnull, "w"), **kw)
 
 
-def test_a_tiny_run_beats_chance_and_its_checkpoint_reports_accuracy(tmp_path):
+def test_a_tiny_run_beats_chance_and_its_checkpoint_reports_accuracy(tmp_path, capsys):
     exp = experiment(tmp_path / "run")
     out = run(exp)
     assert out["step"] == 40
@@ -69,6 +70,15 @@ def test_a_tiny_run_beats_chance_and_its_checkpoint_reports_accuracy(tmp_path):
     row = {k: v[:1] for k, v in loaded.batch(2).items()}
     labels = _side_labels(loaded, row)["encoder"]
     assert labels[:2] == ["cls", "patch 0 (r0,c0)"] and labels[-1] == "patch 15 (r3,c3)"
+    # direct logit attribution reads the class head; the token-sequence analyses refuse
+    out = ["--out", str(tmp_path / "i")]
+    assert interp_main([str(tmp_path / "run"), "dla", *out]) == 0
+    assert "answer logit" in capsys.readouterr().out
+    for command in ("heads", "patch", "ablate", "sae", "phase"):
+        assert interp_main([str(tmp_path / "run"), command, *out]) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{command}" in err, err
+        assert "a patch (image) model (model.input='patches') reads pixels, not tokens" in err
 
 
 def test_a_token_task_or_a_token_model_is_refused_in_one_line(tmp_path):
