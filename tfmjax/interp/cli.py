@@ -18,6 +18,8 @@ Commands (each writes PNGs and its section of ``OUT/interp.json``; OUT defaults 
 The config, params and task come from the checkpoint. An imported Hugging Face model has no
 task: ``heads``, ``patterns`` and ``dla`` analyse your text (``--input "some text"``, read by
 the model's own tokenizer, or ``--ids``) and label positions with its tokens.
+A patch (image) model (``model.input = "patches"``) takes ``patterns`` and ``dla`` (read at
+its class token); the commands built on token sequences refuse it in one line.
 Errors: one line on stderr, exit 2.
 """
 
