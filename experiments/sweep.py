@@ -46,7 +46,7 @@ from tfmjax.sweep.results import DIVERGED, add_wall_time, is_finished, read_run_
 
 STUDIES = ROOT / "docs" / "studies.md"
 RUNS = ROOT / "runs"
-METRICS = ("exact_match", "token_accuracy", "loss", "bits_per_char")
+METRICS = ("exact_match", "token_accuracy", "loss", "bits_per_char", "accuracy")
 NON_FINITE = re.compile(r"non-finite loss or gradient at step (\d+)")
 
 

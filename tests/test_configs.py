@@ -29,6 +29,7 @@ TEXT_FAMILIES = {  # the text configs: language models and a masked LM
     "shakespeare_char": "decoder_only",
     "shakespeare_bpe": "decoder_only",
     "shakespeare_mlm": "encoder_only",
+    "digits_vit": "encoder_only",  # images as sequences (model.input = "patches")
 }
 
 

@@ -13,6 +13,7 @@ from tfmjax import kernels, models
 from tfmjax.data import make_task
 from tfmjax.data.sources import open_source
 from tfmjax.evaluation.evaluator import Evaluator
+from tfmjax.evaluation.image_evaluator import ImageEvaluator
 from tfmjax.evaluation.text_evaluator import TextEvaluator
 from tfmjax.models.common import DTYPES
 from tfmjax.train import schedules
@@ -142,9 +143,14 @@ def test_best_metric_choices_are_evaluator_metrics(random_params):
     )
     text_metrics, _ = text(random_params(text.model))
     assert set(text.metric_names) <= set(text_metrics)
-    assert set(C.EVAL_METRICS) == set(evaluator.metric_names) | set(text.metric_names) - {
-        "unigram_accuracy"
-    }
+    images = ImageEvaluator(
+        C.get_preset("tiny-vit"), open_source("digits", {}), batch_size=64, num_examples=70
+    )
+    image_metrics, rows = images(random_params(images.model))
+    assert set(images.metric_names) <= set(image_metrics) and image_metrics["num_examples"] == 70
+    assert len(rows) == 5 and {"input", "prediction", "target", "correct"} <= set(rows[0])
+    names = set(evaluator.metric_names) | set(text.metric_names) | set(images.metric_names)
+    assert set(C.EVAL_METRICS) == names - {"unigram_accuracy", "chance_accuracy"}
     assert set(C.LOWER_IS_BETTER) <= set(C.EVAL_METRICS)
 
 

@@ -79,6 +79,10 @@ def closed_form(c):
     encoder_attn = softmax if c.attention in causal_only else attn
     total = V * D  # token embedding
     total += c.max_len * D if c.position == "learned" else 0
+    if c.input == "patches":  # no token table: the patch projection, class token, positions
+        total = (
+            c.patch_dim * D + D + D + ((c.num_patches + 1) * D if c.position == "learned" else 0)
+        )
     total += 0 if c.tie_embeddings else V * D  # untied output projection
     total += ln if c.norm_position == "pre" else 0  # final norm
     total += ln * (2 if c.per_side_embeddings else 1) if c.embed_norm else 0

@@ -6,6 +6,7 @@ metrics) are checked against it in tests/test_registries.py.
 """
 
 FAMILIES = ("encoder_decoder", "decoder_only", "encoder_only")
+INPUTS = ("tokens", "patches")  # model.input: token ids, or images cut into patches (ViT)
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative", "fire", "abacus", "none")
 POSITION_SAMPLINGS = ("ordered", "randomized")
 ABACUS_COUNTS = ("start", "end")  # model.abacus_count_from
@@ -19,7 +20,14 @@ DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant", "wsd")
 MESH_AXES = ("data", "fsdp", "expert", "tensor")  # mesh.data, mesh.fsdp, ..., in this order
 RULE_SETS = ("standard", "replicated")  # mesh.rules: see tfmjax.parallel.rules
-EVAL_METRICS = ("exact_match", "token_accuracy", "loss", "perplexity", "bits_per_char")
+EVAL_METRICS = (
+    "exact_match",
+    "token_accuracy",
+    "loss",
+    "perplexity",
+    "bits_per_char",
+    "accuracy",  # an image classifier's test accuracy
+)
 LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_char")
 
 # model.attention: the self-attention system, the keys of the variants table

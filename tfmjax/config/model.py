@@ -19,17 +19,19 @@ from tfmjax.config.choices import (
     POSITIONS,
 )
 from tfmjax.config.cudnn_checks import check_cudnn
+from tfmjax.config.derived import DerivedSizes
 from tfmjax.config.fields import option
 from tfmjax.config.linformer_checks import check_linformer
 from tfmjax.config.lsh_checks import check_lsh, check_reversible
 from tfmjax.config.mixer_checks import check_recurrent_mixer
 from tfmjax.config.moe_checks import check_moe
 from tfmjax.config.nystrom_checks import check_nystrom
+from tfmjax.config.patch_checks import check_patches
 from tfmjax.config.position_checks import check_position_options
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(DerivedSizes):
     """Architecture. Only ``tfmjax/models/`` reads this."""
 
     family: str = option("encoder_decoder", help="encoder_decoder, decoder_only or encoder_only")
@@ -264,6 +266,19 @@ class ModelConfig:
         help="decoder_only generation feeds bos_id before each prompt; false: it continues "
         "exactly the ids given (imported HF models, as transformers does)",
     )
+    input: str = option(
+        "tokens",
+        help="tokens (ids through an embedding table) or patches: images cut into "
+        "patch_size squares, each flattened and projected, behind a class token whose final "
+        "state names one of vocab_size classes (ViT, Dosovitskiy et al. 2021; encoder_only)",
+    )
+    image_size: int | None = option(
+        None, help="patches: height and width of the square images, in pixels"
+    )
+    patch_size: int | None = option(
+        None, help="patches: side of a square patch, in pixels (must divide image_size)"
+    )
+    channels: int = option(1, help="patches: colour channels C of the images [B,H,W,C]")
 
     def __post_init__(self):
         check_types("model", self)
@@ -277,6 +292,7 @@ class ModelConfig:
         check_linformer(self)
         check_lsh(self)
         check_reversible(self)
+        check_patches(self)
         check_position_options(self)
         require(  # after the systems that refuse sparse patterns have said so
             not self.random_blocks or self.window is not None or self.attention_stride is not None,
@@ -420,68 +436,3 @@ class ModelConfig:
                 self.num_decoder_layers,
                 "only encoder_decoder models have a separate decoder",
             )
-
-    @property
-    def projected_vocab(self) -> int:
-        """Columns of the output projection: ``vocab_size`` rounded up to ``vocab_multiple``."""
-        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
-
-    @property
-    def latent_kv_rank(self) -> int:
-        """MLA's latent width ``R`` (default: 4 head widths, DeepSeek-V2's ratio)."""
-        return 4 * self.head_width if self.kv_rank is None else self.kv_rank
-
-    @property
-    def mla_rope_dim(self) -> int:
-        """MLA's decoupled RoPE features per head (default: half the head width)."""
-        if self.position != "rope":
-            return 0
-        return self.head_width // 2 if self.rope_dim is None else self.rope_dim
-
-    @property
-    def randomizes_token_positions(self) -> bool:
-        """Randomized sampling of token positions (Abacus randomizes its digit places
-        instead, :func:`tfmjax.models.common.draw_abacus_places`)."""
-        return self.position_sampling == "randomized" and self.position != "abacus"
-
-    @property
-    def position_rows(self) -> int:
-        """Positions a model may see: ``max_position`` under randomized sampling, else
-        ``max_len`` (the rows of a learned table, before ``position_offset``)."""
-        if self.position_sampling == "randomized" and self.max_position is not None:
-            return max(self.max_len, self.max_position)
-        return self.max_len
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-
-    @property
-    def head_width(self) -> int:
-        return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
-
-    @property
-    def attention_uses_bias(self) -> bool:
-        return self.use_bias if self.attention_bias is None else self.attention_bias
-
-    @property
-    def mlp_uses_bias(self) -> bool:
-        return self.use_bias if self.mlp_bias is None else self.mlp_bias
-
-    @property
-    def moe_renormalizes(self) -> bool:
-        """Whether MoE gates are renormalised over the chosen experts (``moe_renormalize``
-        resolved: by default for ``moe_top_k > 1``)."""
-        return self.moe_top_k > 1 if self.moe_renormalize is None else self.moe_renormalize
-
-    @property
-    def moe_eval_capacity(self) -> float:
-        """The MoE capacity factor of a forward without dropout (``moe_eval_capacity_factor``
-        resolved: None is the training factor)."""
-        if self.moe_eval_capacity_factor is None:
-            return self.moe_capacity_factor
-        return self.moe_eval_capacity_factor
-
-    @property
-    def decoder_layers(self) -> int:
-        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers

@@ -155,6 +155,28 @@ PRESETS: dict[str, dict] = {
     "tiny-bigbird": dict(
         _BERT, **_TINY, window=8, global_tokens=2, random_blocks=2, random_block_size=16
     ),
+    # ViT (Dosovitskiy et al. 2021) at the size of scikit-learn's 8x8 digits: the image cut
+    # into 16 patches of 2x2, each projected to 64, behind a class token; a learned position
+    # per slot, pre-norm GELU blocks, the class token read out over 10 classes.
+    "tiny-vit": dict(
+        family="encoder_only",
+        input="patches",
+        image_size=8,
+        patch_size=2,
+        channels=1,
+        vocab_size=10,
+        d_model=64,
+        num_heads=4,
+        d_ff=128,
+        num_layers=2,
+        max_len=17,
+        position="learned",
+        norm="layernorm",
+        norm_position="pre",
+        activation="gelu",
+        use_bias=True,
+        tie_embeddings=False,
+    ),
     # Mixtral 8x7B (Jiang et al. 2024): LLaMA-style blocks whose SwiGLU feed-forwards are 8
     # experts, 2 per token, dropless; 46.7B parameters, about 12.9B active per token.
     "mixtral-8x7b": dict(

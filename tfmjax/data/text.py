@@ -150,6 +150,7 @@ class TextSource:
     """
 
     digit_ids: tuple[int, ...] = ()  # a corpus has no digit tokens to give Abacus places
+    batch_formats = TEXT_FORMATS
 
     def __init__(
         self,

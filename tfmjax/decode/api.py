@@ -36,6 +36,11 @@ from tfmjax.parallel.processes import to_host
 
 def check_model(model):
     """The model as generation needs it: a family that generates, dropout off."""
+    if getattr(getattr(model, "config", None), "input", "tokens") == "patches":
+        raise ValueError(
+            "cannot generate with a patch (image) model (model.input='patches'): it has no "
+            "generation, it reads an image and names its class (tfmjax.evaluation scores it)"
+        )
     if not getattr(model, "can_generate", False):
         family = getattr(model, "family", type(model).__name__)
         raise ValueError(

@@ -25,10 +25,12 @@ import time
 import jax
 import numpy as np
 
+from tfmjax.data.images import ImageSource
 from tfmjax.data.text import TextSource
 from tfmjax.data.vocab import MASK_ID, RESERVED_TOKENS
 from tfmjax.decode import TopK, generate
 from tfmjax.evaluation.evaluator import EVAL_SEED, NUM_ROWS, Evaluator, row_sums
+from tfmjax.evaluation.image_evaluator import ImageEvaluator
 from tfmjax.models import build
 from tfmjax.parallel.processes import to_host
 
@@ -154,7 +156,12 @@ class TextEvaluator:
 
 def make_evaluator(model_config, source, **kwargs):
     """The evaluator of a :mod:`tfmjax.data.sources` source: :class:`TextEvaluator` for a
-    corpus (``strategy`` is ignored: samples use the task's top-k), else :class:`Evaluator`."""
+    corpus (``strategy`` is ignored: samples use the task's top-k), :class:`ImageEvaluator`
+    for an image set (nothing is decoded: the class token's argmax), else
+    :class:`Evaluator`."""
+    if isinstance(source, ImageSource):
+        kwargs.pop("strategy", None)
+        return ImageEvaluator(model_config, source, **kwargs)
     if isinstance(source, TextSource):
         kwargs.pop("strategy", None)
         return TextEvaluator(model_config, source, **kwargs)

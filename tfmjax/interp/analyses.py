@@ -142,10 +142,21 @@ def corrupt_prompts(run: Run, batch: dict, key) -> dict:
 # -- analyses ----------------------------------------------------------------------------------
 
 
+def refuse_patch_input(run: Run, what: str, needs: str) -> None:
+    """One-line ValueError when ``run`` is a patch (image) model, which ``what`` cannot
+    analyse because it ``needs`` token sequences (heads, ablate, phase, patch, sae)."""
+    if run.model.config.input == "patches":
+        raise ValueError(
+            f"{what}: needs {needs}; a patch (image) model (model.input='patches') reads pixels, "
+            "not tokens: use patterns or dla on it"
+        )
+
+
 def heads_report(run: Run, length: int = 10, batch: int = 32, seed: int = 0) -> dict:
     """Head scores ``{score: [L][N]}`` of every self-attention stack that forms patterns
     (a retention, selective-scan or Nyström stack forms none), and the top head of each
     score (as ``"stack L{l}H{n}"``)."""
+    refuse_patch_input(run, "heads, phase", "repeated random token sequences")
     out = {}
     stacks = pattern_stacks(run.model, run.params) or list(run.model.layer_stacks())[:1]
     for stack in stacks:  # none: head_scores refuses the first stack in one line
@@ -221,6 +232,7 @@ def ablate_heads(run: Run, batch: dict, heads, metric: str = "exact_match") -> f
 def circuit_report(run: Run, batch: dict, threshold: float = 0.3, length: int = 10) -> dict:
     """Heads whose score passes ``threshold`` (self-attention of every stack), and the
     metric with all of them mean-ablated at once, next to the single-head ablations."""
+    refuse_patch_input(run, "ablate", "head scores on repeated token sequences")
     scores = heads_report(run, length=length)
     found = {}
     for stack, by_score in scores.items():
@@ -284,6 +296,7 @@ def alignment_share(run: Run, batch: dict, rule: str = "mirror") -> dict:
 def patch_report(run: Run, batch: dict, hooks, per: str = "position", seed: int = 1) -> dict:
     """Activation patching from the clean run into a run with resampled prompts, per hook and
     layer: the answers' log-prob, as the share of the clean-minus-corrupt gap restored."""
+    refuse_patch_input(run, "patch", "prompt tokens to resample")
     metric = metric_of(run, "logprob")
     corrupt = corrupt_prompts(run, batch, jax.random.PRNGKey(seed))
     clean_logits, clean = run_with_cache(run.model, run.params, batch)
@@ -304,6 +317,7 @@ def sae_report(run: Run, layer: int, config: SAEConfig, batches: int = 16, stack
     ``batches`` training batches (non-padding positions), then splice its reconstruction
     into the model on eval batches: reconstruction metrics and the answers' loss clean,
     spliced and zero-ablated."""
+    refuse_patch_input(run, "sae", "a decoder's residual stream at token positions")
     name = f"{stack}.blocks.{layer}.hook_resid_post"
     rows = []
     for step in range(batches):

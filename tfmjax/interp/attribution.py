@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from tfmjax.interp.circuits import embedding_matrices
+from tfmjax.interp.circuits import unembedding_matrix
 from tfmjax.interp.hooked import ActivationCache, prepare
 
 
@@ -80,7 +80,7 @@ def logit_attribution(model, params, cache: ActivationCache, tokens=None, stack=
         )
     model, params = prepare(model, params)
     parts = residual_parts(model, cache, stack)
-    _, W_U = embedding_matrices(model, params)  # [D,V]
+    W_U = unembedding_matrix(model, params)  # [D,V]
     norm = params["params"]["head"]["final_norm"]
     inverse = 1.0 / cache[f"{stack}.ln_final.hook_scale"].astype(jnp.float32)  # [B,T,1]
     gamma = norm["scale"].astype(jnp.float32).reshape(1, 1, -1)

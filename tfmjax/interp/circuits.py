@@ -235,13 +235,24 @@ def embedding_matrices(model, params) -> tuple[jax.Array, jax.Array]:
     ``scale_tied_output``; else the ``lm_head`` kernel). Positions and the final norm are left
     out."""
     cfg = model.config
+    if cfg.input == "patches":
+        raise ValueError(
+            "a patch (image) model (model.input='patches') has no token embedding: its "
+            "inputs are pixels, so there is no W_E to read circuits from"
+        )
     table = params["params"]["embed"]["token_embed"]["embedding"]
     W_E = table * jnp.sqrt(float(cfg.d_model)) if cfg.scale_embeddings else table
-    if cfg.tie_embeddings:
-        W_U = table.T * cfg.d_model**-0.5 if cfg.scale_tied_output else table.T
-    else:
-        W_U = params["params"]["head"]["lm_head"]["kernel"]
-    return W_E, W_U
+    return W_E, unembedding_matrix(model, params)
+
+
+def unembedding_matrix(model, params) -> jax.Array:
+    """``W_U [D,V]``: the tied token table transposed (times D^-0.5 with
+    ``scale_tied_output``), else the ``lm_head`` kernel (an image model's class head)."""
+    cfg = model.config
+    if not cfg.tie_embeddings:
+        return params["params"]["head"]["lm_head"]["kernel"]
+    table = params["params"]["embed"]["token_embed"]["embedding"]
+    return table.T * cfg.d_model**-0.5 if cfg.scale_tied_output else table.T
 
 
 def full_qk_circuit(model, params, layer: int, stack: str = "decoder", kind: str = "attn"):

@@ -18,6 +18,8 @@ Commands (each writes PNGs and its section of ``OUT/interp.json``; OUT defaults 
 The config, params and task come from the checkpoint. An imported Hugging Face model has no
 task: ``heads``, ``patterns`` and ``dla`` analyse your text (``--input "some text"``, read by
 the model's own tokenizer, or ``--ids``) and label positions with its tokens.
+A patch (image) model (``model.input = "patches"``) takes ``patterns`` and ``dla`` (read at
+its class token); the commands built on token sequences refuse it in one line.
 Errors: one line on stderr, exit 2.
 """
 
@@ -208,7 +210,11 @@ def _patterns(run, batch, args, out: Path) -> dict:
 
 def _side_labels(run, row: dict) -> dict:
     """Token labels of one row's positions on each side, padding cut: the encoder reads its
-    inputs; a decoder reads BOS and then its tokens (shifted right)."""
+    inputs; a decoder reads BOS and then its tokens (shifted right). A model whose slots are
+    not tokens names them itself (an image model: ``cls``, ``patch 0 (r0,c0)``, ...)."""
+    named = run.model.position_labels()
+    if named is not None:
+        return {run.model.head_stack: named}
     out, real = {}, run.model.token_mask  # False on the model's pad id
     if "inputs" in row:
         ids = np.asarray(row["inputs"][0])

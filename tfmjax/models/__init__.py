@@ -16,6 +16,7 @@ from tfmjax.models.decoder_only import DecoderOnly
 from tfmjax.models.encoder_decoder import EncoderDecoder
 from tfmjax.models.encoder_only import EncoderOnly
 from tfmjax.models.family import Family
+from tfmjax.models.image_encoder import PatchEncoder
 
 __all__ = [
     "build",
@@ -25,6 +26,7 @@ __all__ = [
     "EncoderDecoder",
     "EncoderOnly",
     "InputError",
+    "PatchEncoder",
     "KVCache",
     "kv_cache_bytes",
     "PRESETS",

@@ -27,6 +27,7 @@ Training (the batch dict of ``batch_format``)
   ``head_inputs_with_aux(params, batch)``  the same stopped before the output projection;
   ``project_head_inputs(params, h)``   the projection: ``[B,C,D]`` -> logits ``[B,C,V]``
   ``check_batch(batch)``               host: one-line :class:`InputError` on bad keys/ids/lengths
+  ``positions_in(batch)``              host: sequence positions the batch is computed on
   ``targets_and_mask(batch)``          traced: ids the logits predict and the loss weight ``[B,T]``
 
 Evaluation on a task (host, NumPy)
@@ -37,6 +38,9 @@ Evaluation on a task (host, NumPy)
   ``source_and_target(batch, i)``      row ``i`` as ``(source ids, target ids)``
   ``prompt_for_source(ids)``           the prompt this family was trained to continue
   ``token_mask(ids)``                  host: True where ``ids`` are tokens (not ``model.pad_id``)
+  ``position_labels()``                names of the sequence's slots when they are not tokens
+                                       (an image model's ``cls``, ``patch 0 (r0,c0)``, ...), else
+                                       None: label each position with its token
 
 Generation with a KV cache (``M`` new tokens; :mod:`tfmjax.decode` drives these)
   ``check_generation(lengths, M)``     host: prompts of these lengths fit the positions
@@ -144,6 +148,11 @@ class Family:
                 seg_ids = batch[seg] if seg in batch else self.token_mask(ids)
                 check_trailing_padding(seg_ids, seg if seg in batch else f"{key} padding")
 
+    def positions_in(self, batch: dict) -> int:
+        """Padded sequence positions a batch computes on (throughput's tokens): every
+        token array's size."""
+        return sum(int(np.size(batch[key])) for key in self.token_keys)
+
     def targets_and_mask(self, batch: dict):
         raise self._cannot("be trained on a task batch")
 
@@ -209,6 +218,11 @@ class Family:
         a pad id has no padding id, every id is a token). NumPy, same shape as ``ids``."""
         ids, pad = np.asarray(ids), self.config.pad_id
         return np.ones(ids.shape, bool) if pad is None else ids != pad
+
+    def position_labels(self) -> list[str] | None:
+        """The name of each slot of the sequence when slots are not tokens; None: a position
+        is labelled by the token it holds (the default)."""
+        return None
 
     def layer_stacks(self) -> dict[str, int]:
         """``{params collection name: number of layers}`` of the model's layer stacks."""

@@ -15,6 +15,7 @@ def format_record(record: dict) -> str:
         "loss": "loss",
         "token_accuracy": "acc",
         "exact_match": "exact",
+        "accuracy": "acc",  # an image classifier's test accuracy
         "grad_norm": "gnorm",
         "learning_rate": "lr",
         "perplexity": "ppl",

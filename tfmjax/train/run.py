@@ -109,6 +109,12 @@ def _source(experiment: Experiment, model):
             model.check_task_padding(PAD_ID)
     except ValueError as err:
         raise ConfigError(f"data.task={data.task!r}: {err}") from None
+    if model.batch_format not in source.batch_formats:
+        raise ConfigError(
+            f"data.task={data.task!r} serves {', '.join(source.batch_formats)} batches; this "
+            f"model trains on {model.batch_format!r} batches (images need model.input="
+            "'patches', tokens model.input='tokens')"
+        )
     vocab_size = experiment.model.vocab_size
     if vocab_size < source.vocab_size:
         raise ConfigError(
@@ -290,7 +296,7 @@ def _build_run(experiment: Experiment) -> Run:
         jit_train_step(step, placement, shardings),
         jit_train_steps(step, placement, shardings),
         evaluator,
-        sum(int(sample[key].size) for key in model.token_keys),
+        model.positions_in(sample),
         placement,
         shardings,
         step,
