@@ -65,7 +65,7 @@ class PatchEncoder(EncoderOnly):
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         segment_ids = jnp.ones((B, T), jnp.int32)
         x, _ = self.stack(x, None, BlockInputs(positions, segment_ids))
-        return self.head(x, None)  # [B, 1+P, V]; the class token's at slot 0
+        return self.head(x, None, stage=self.head_stage)  # [B, 1+P, V]; the class token at 0
 
     @nn.nowrap
     def image_shape(self) -> tuple[int, int, int]:
