@@ -102,8 +102,8 @@ BAD = [
     ({"optim": {"b2": 1.0}}, r"optim.b2=1.0 is invalid: must be in \[0, 1\)"),
     ({"train": {"steps": 0}}, "train.steps=0 is invalid: must be > 0"),
     (
-        {"train": {"best_metric": "accuracy"}},
-        "train.best_metric='accuracy' is invalid: must be one of exact_match, token_accuracy",
+        {"train": {"best_metric": "acc"}},
+        "train.best_metric='acc' is invalid: must be one of exact_match, token_accuracy",
     ),
     (
         {"data": {"batch_size": 10}, "optim": {"grad_accum_steps": 4}},
