@@ -43,6 +43,18 @@ def symbol_names(n: int) -> list[str]:
     return [f"s{i}" for i in range(n)]
 
 
+def parse_params(cls, params: dict[str, Any], what: str):
+    """``cls(**params)`` for a dataclass of task parameters; an unknown key is refused in one
+    line that names ``what`` (e.g. "a text task") and the valid parameters."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [key for key in params if key not in names]
+    if unknown:
+        raise ValueError(
+            f"unknown parameter {unknown[0]!r} for {what} (valid parameters: {', '.join(names)})"
+        )
+    return cls(**params)
+
+
 def check_int(task: str, name: str, value: Any, lo: int, hi: int | None = None) -> None:
     """One-line ValueError unless lo <= value (<= hi) and value is an int."""
     ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from tfmjax.data.base import parse_params
+
 IMAGE_SETS = ("digits",)
 IMAGE_SPLITS = ("train", "eval")
 IMAGE_FORMATS = ("images",)
@@ -44,14 +46,7 @@ class ImageParams:
 
     @classmethod
     def parse(cls, params: dict[str, Any]) -> ImageParams:
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = [key for key in params if key not in names]
-        if unknown:
-            raise ValueError(
-                f"unknown parameter {unknown[0]!r} for an image set (valid parameters: "
-                f"{', '.join(names)})"
-            )
-        return cls(**params)
+        return parse_params(cls, params, "an image set")
 
 
 @functools.lru_cache(maxsize=1)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tfmjax.config.task_spec import TEXT_PREFIX
+from tfmjax.data.base import parse_params
 from tfmjax.data.corpus import load_plays, read_text_file
 from tfmjax.data.tokenizers import (
     TOKENIZERS,
@@ -91,14 +92,7 @@ class TextParams:
 
     @classmethod
     def parse(cls, params: dict[str, Any]) -> TextParams:
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = [key for key in params if key not in names]
-        if unknown:
-            raise ValueError(
-                f"unknown parameter {unknown[0]!r} for a text task (valid parameters: "
-                f"{', '.join(names)})"
-            )
-        return cls(**params)
+        return parse_params(cls, params, "a text task")
 
 
 def split_play(text: str) -> tuple[str, str]:
