@@ -373,7 +373,32 @@ def _attention(
     random_blocks,
     block_sizes: BlockSizes | None,
 ):
-    """The kernels of one flavour (``platform``: ``"cpu"``, ``"cuda"`` or ``"tpu"``)."""
+    """The kernels of one flavour (``platform``: ``"cpu"``, ``"cuda"`` or ``"tpu"``); on
+    ``cuda`` the Mosaic GPU kernels where :func:`gpu_kernel` picks them."""
+    if platform == "cuda":
+        import tfmjax.kernels.mosaic_attention as mosaic_attention
+
+        kernel, _ = mosaic_attention.gpu_kernel(
+            q,
+            k,
+            window=window,
+            stride=stride,
+            global_tokens=global_tokens,
+            random_blocks=random_blocks,
+            alibi_slopes=alibi_slopes,
+            q_offset=q_offset,
+        )
+        if kernel == "mosaic":
+            return mosaic_attention.attention(
+                q,
+                k,
+                v,
+                q_segment_ids,
+                kv_segment_ids,
+                causal=bool(causal),
+                scale=float(scale),
+                q_offset=int(q_offset),
+            )
     blocks = block_sizes or BlockSizes.for_platform(platform, q.shape[-1])
     if platform == "cuda":
         _check_triton_blocks(blocks)
