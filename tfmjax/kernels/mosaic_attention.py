@@ -296,7 +296,6 @@ def attention(
     st = MosaicStatic(
         causal=bool(causal),
         scale=float(scale),
-        q_len=T,
         kv_len=S,
         offset=int(q_offset),
         has_seg=q_segment_ids is not None,

@@ -51,13 +51,12 @@ LOG2E = math.log2(math.e)
 
 @dataclasses.dataclass(frozen=True)
 class MosaicStatic:
-    """Everything static about a call. ``q_len``/``kv_len``: real lengths (T, S);
+    """Everything static about a call. ``kv_len``: the real key length ``S``;
     ``offset``: the static position of query 0; ``block_k`` (fwd, dQ: keys per streamed
     step) and ``block_q`` (dK/dV: query rows per step); ``stages``: ring slots."""
 
     causal: bool
     scale: float
-    q_len: int
     kv_len: int
     offset: int
     has_seg: bool
@@ -244,6 +243,40 @@ def _streams(sources, scratch):
     return [Stream(*parts) for parts in zip(sources, rings, full, consumed, strict=True)]
 
 
+def _load_tiles(loads, bars, wg):
+    """Copy each ``(source, shared-memory destination)`` of warpgroup ``wg`` with its own
+    barrier ``bars[i * WGS + wg]`` and wait for all of them."""
+    for i, (src, dst) in enumerate(loads):
+        plgpu.copy_gmem_to_smem(src, dst, bars.at[i * WGS + wg])
+    for i in range(len(loads)):
+        plgpu.barrier_wait(bars.at[i * WGS + wg])
+
+
+def _query_side(st: MosaicStatic, k_ref, v_ref, kv_seg_ref, bk: int, scratch):
+    """What the forward and dQ kernels share: the CTA's ``(b, n, wg, row0)``, its key block
+    range ``hi, full`` and the K, V (and key segment id) streams of head ``n // G``."""
+    b, n, wg = lax.axis_index("b"), lax.axis_index("n"), lax.axis_index("wg")
+    h = lax.div(n, jnp.asarray(st.groups, jnp.int32))
+    row0 = lax.axis_index("rows") * (WGS * ROWS)
+    hi, full = query_block_range(st, row0, bk, k_ref.shape[1] // bk)
+    keys = lambda j: pl.ds(j * bk, bk)  # noqa: E731
+    sources = [lambda j: k_ref.at[b, keys(j), h], lambda j: v_ref.at[b, keys(j), h]]
+    if st.has_seg:
+        sources.append(lambda j: kv_seg_ref.at[b, keys(j)])
+    return (b, n, wg, row0), (hi, full), _streams(sources, scratch)
+
+
+def _mask_query_block(st: MosaicStatic, s, streams, slot, rows, j, bk: int, q_seg):
+    """Scores ``s [64, bk]`` of rows ``rows ..`` against key block ``j``, masked (the forward
+    and dQ kernels); reads and releases the key segment ids' slot."""
+    kv_seg = None
+    if st.has_seg:
+        kv_seg = _load_vector(wait_full(streams[2], slot), _COL)
+        release(streams[2], slot)
+    q_pos, kv_pos = positions(s.shape, st.offset + rows, j * bk)
+    return _mask(st, s, q_pos, kv_pos, *_broadcast_segments(q_seg, kv_seg, s.shape))
+
+
 def _split_refs(refs, st: MosaicStatic, n_in: int):
     """``(inputs, (q_seg, kv_seg), outputs, scratch)`` of a kernel's refs."""
     refs = list(refs)
@@ -257,16 +290,8 @@ def fwd_kernel(*refs, st: MosaicStatic):
     (q_ref, k_ref, v_ref), (q_seg_ref, kv_seg_ref), (o_ref, lse_ref), scratch = _split_refs(
         refs, st, 3
     )
-    b, n, wg = lax.axis_index("b"), lax.axis_index("n"), lax.axis_index("wg")
-    h = lax.div(n, jnp.asarray(st.groups, jnp.int32))
-    row0 = lax.axis_index("rows") * (WGS * ROWS)
     bk, Hp, dtype = st.block_k, q_ref.shape[-1], q_ref.dtype
-    hi, full = query_block_range(st, row0, bk, k_ref.shape[1] // bk)
-    keys = lambda j: pl.ds(j * bk, bk)  # noqa: E731
-    sources = [lambda j: k_ref.at[b, keys(j), h], lambda j: v_ref.at[b, keys(j), h]]
-    if st.has_seg:
-        sources.append(lambda j: kv_seg_ref.at[b, keys(j)])
-    streams = _streams(sources, scratch)
+    (b, n, wg, row0), (hi, full), streams = _query_side(st, k_ref, v_ref, kv_seg_ref, bk, scratch)
     qo_smem, lse_smem, qseg_smem, q_bar = scratch[0]
 
     @pl.when(wg < WGS)
@@ -274,15 +299,11 @@ def fwd_kernel(*refs, st: MosaicStatic):
         plgpu.set_max_registers(232, action="increase")
         rows = row0 + wg * ROWS
         q_smem = qo_smem.at[wg]
-        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(rows, ROWS), n], q_smem, q_bar.at[wg])
-        q_seg = None
+        loads = [(q_ref.at[b, pl.ds(rows, ROWS), n], q_smem)]
         if st.has_seg:
-            seg_smem = qseg_smem.at[wg]
-            src = q_seg_ref.at[b, pl.ds(rows, ROWS)]
-            plgpu.copy_gmem_to_smem(src, seg_smem, q_bar.at[WGS + wg])
-            plgpu.barrier_wait(q_bar.at[WGS + wg])
-            q_seg = _load_vector(seg_smem, _ROW)
-        plgpu.barrier_wait(q_bar.at[wg])
+            loads.append((q_seg_ref.at[b, pl.ds(rows, ROWS)], qseg_smem.at[wg]))
+        _load_tiles(loads, q_bar, wg)
+        q_seg = _load_vector(qseg_smem.at[wg], _ROW) if st.has_seg else None
 
         def step(j, carry, masked):
             m, l, acc = carry
@@ -291,12 +312,7 @@ def fwd_kernel(*refs, st: MosaicStatic):
             s = s * st.score_scale
             release(streams[0], slot)
             if masked:
-                kv_seg = None
-                if st.has_seg:
-                    kv_seg = _load_vector(wait_full(streams[2], slot), _COL)
-                    release(streams[2], slot)
-                q_pos, kv_pos = positions(s.shape, st.offset + rows, j * bk)
-                s = _mask(st, s, q_pos, kv_pos, *_broadcast_segments(q_seg, kv_seg, s.shape))
+                s = _mask_query_block(st, s, streams, slot, rows, j, bk, q_seg)
             m_new = jnp.maximum(m, s.max(axis=1))
             alpha = jnp.exp2(m - m_new)
             p = jnp.exp2(s - row_vector(m_new, s.shape))
@@ -330,16 +346,8 @@ def dq_kernel(*refs, st: MosaicStatic):
     """``dQ`` of a CTA of 128 query rows of query head ``n`` (the forward's grid)."""
     inputs, (q_seg_ref, kv_seg_ref), (dq_ref,), scratch = _split_refs(refs, st, 6)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = inputs
-    b, n, wg = lax.axis_index("b"), lax.axis_index("n"), lax.axis_index("wg")
-    h = lax.div(n, jnp.asarray(st.groups, jnp.int32))
-    row0 = lax.axis_index("rows") * (WGS * ROWS)
     bk, Hp, dtype = st.block_k_dq, q_ref.shape[-1], q_ref.dtype
-    hi, full = query_block_range(st, row0, bk, k_ref.shape[1] // bk)
-    keys = lambda j: pl.ds(j * bk, bk)  # noqa: E731
-    sources = [lambda j: k_ref.at[b, keys(j), h], lambda j: v_ref.at[b, keys(j), h]]
-    if st.has_seg:
-        sources.append(lambda j: kv_seg_ref.at[b, keys(j)])
-    streams = _streams(sources, scratch)
+    (b, n, wg, row0), (hi, full), streams = _query_side(st, k_ref, v_ref, kv_seg_ref, bk, scratch)
     q_smem2, do_smem2, lse_smem2, delta_smem2, qseg_smem2, bars = scratch[0]
 
     @pl.when(wg < WGS)
@@ -355,10 +363,7 @@ def dq_kernel(*refs, st: MosaicStatic):
         ]
         if st.has_seg:
             loads.append((q_seg_ref.at[b, row_slice], qseg_smem2.at[wg]))
-        for i, (src, dst) in enumerate(loads):
-            plgpu.copy_gmem_to_smem(src, dst, bars.at[i * WGS + wg])
-        for i in range(len(loads)):
-            plgpu.barrier_wait(bars.at[i * WGS + wg])
+        _load_tiles(loads, bars, wg)
         q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
         lse = _load_vector(lse_smem2.at[wg], _ROW)
         delta = _load_vector(delta_smem2.at[wg], _ROW)
@@ -369,12 +374,7 @@ def dq_kernel(*refs, st: MosaicStatic):
             k_smem = wait_full(streams[0], slot)
             s = mma(st, q_smem, k_smem.transpose((1, 0)), (ROWS, bk)) * st.score_scale
             if masked:
-                kv_seg = None
-                if st.has_seg:
-                    kv_seg = _load_vector(wait_full(streams[2], slot), _COL)
-                    release(streams[2], slot)
-                q_pos, kv_pos = positions(s.shape, st.offset + rows, j * bk)
-                s = _mask(st, s, q_pos, kv_pos, *_broadcast_segments(q_seg, kv_seg, s.shape))
+                s = _mask_query_block(st, s, streams, slot, rows, j, bk, q_seg)
             p = jnp.exp2(s - row_vector(lse, s.shape))
             dp = mma(st, do_smem, wait_full(streams[1], slot).transpose((1, 0)), (ROWS, bk))
             release(streams[1], slot)
@@ -434,10 +434,7 @@ def dkv_kernel(*refs, st: MosaicStatic):
         ]
         if st.has_seg:
             loads.append((kv_seg_ref.at[b, key_slice], kvseg_smem2.at[wg]))
-        for i, (src, dst) in enumerate(loads):
-            plgpu.copy_gmem_to_smem(src, dst, bars.at[i * WGS + wg])
-        for i in range(len(loads)):
-            plgpu.barrier_wait(bars.at[i * WGS + wg])
+        _load_tiles(loads, bars, wg)
         k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
         kv_seg = _load_vector(kvseg_smem2.at[wg], _ROW) if st.has_seg else None
 
