@@ -20,7 +20,9 @@ Backends (kernel flavours):
     Hopper/Blackwell-only and needs a different, warp-group kernel style). Custom-call
     target ``__gpu$xla.gpu.triton``, :func:`tfmjax.compat.triton_custom_call_target` (not on
     ``jax.export``'s stable list: export with
-    ``jax.export.DisabledSafetyCheck.custom_call(triton_custom_call_target())``).
+    ``jax.export.DisabledSafetyCheck.custom_call(triton_custom_call_target())``). With
+    ``TFMJAX_PALLAS_GPU=mosaic`` a call the Hopper kernels take lowers to them instead
+    (:mod:`tfmjax.kernels.mosaic_attention`, :func:`~tfmjax.kernels.mosaic_attention.gpu_kernel`).
   * ``"tpu"``: **Mosaic TPU** (``jax.experimental.pallas.tpu``), the only TPU backend.
     Custom-call target ``tpu_custom_call`` (on the stable list).
   * ``"cpu"``: the same kernels with ``interpret=True`` (slow, for tests): plain HLO, each
