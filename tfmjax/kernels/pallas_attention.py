@@ -84,53 +84,23 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tfmjax.kernels.pallas_kernels import (
-    GPU_PLATFORMS,
     KernelStatic,
     dkv_kernel,
     dq_kernel,
     fwd_kernel,
     pow2,
 )
+from tfmjax.kernels.pallas_tuning import (
+    DEFAULT_LAUNCH,
+    GPU_PLATFORMS,
+    BlockSizes,
+    Launch,
+    lowering_gpu_kind,
+    triton_settings,
+)
 from tfmjax.kernels.platforms import PALLAS_FLAVOUR
 
-
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-    """Block lengths (powers of two) of the forward, dK/dV and dQ kernels.
-
-    Blocks are clipped to the (power-of-two rounded) sequence lengths, so short inputs
-    use one block. Triton needs blocks of at least 16. On TPU, blocks sliced along the
-    lane dimension inside a kernel (``block_k``/``block_k_dq`` with segment ids,
-    ``block_q_dkv`` always) should be multiples of 128 unless they span the sequence.
-    :meth:`for_platform` gives the defaults (not tuned on hardware here: no GPU/TPU).
-    """
-
-    block_q: int = 128
-    block_k: int = 128
-    block_q_dkv: int = 128
-    block_k_dkv: int = 128
-    block_q_dq: int = 128
-    block_k_dq: int = 128
-
-    def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, int) or value < 1 or value & (value - 1):
-                raise ValueError(f"BlockSizes.{f.name}={value!r} must be a power of two")
-
-    @classmethod
-    def for_platform(cls, platform: str, head_dim: int = 64) -> BlockSizes:
-        """GPU: the FlashAttention-2 Triton tutorial's tiles (fwd 128x64; dK/dV: 32 query
-        rows per 128 keys; dQ: 128 query rows per 32 keys) for heads up to 128 wide, halved
-        up to 256 and quartered beyond (never under 16), so the tiles stay within a GPU's
-        shared memory: MLA's absorbed decoding heads (``R + Hr = 288`` wide at GPT-2 small's
-        width) asked an H200 for 395,520 bytes of its 232,448 at the full tiles. TPU and
-        CPU: 128 everywhere (one MXU tile / 128 lanes, as jax's own TPU flash attention)."""
-        if _platform(platform) == "cuda":
-            shrink = 1 if head_dim <= 128 else 2 if head_dim <= 256 else 4
-            tiles = (128, 64, 32, 128, 128, 32)
-            return cls(*(max(16, tile // shrink) for tile in tiles))
-        return cls()
+__all__ = ["BlockSizes", "Launch", "attention"]
 
 
 def _extras_specs(st: KernelStatic, q_seg_spec, kv_seg_spec, slope_spec):
@@ -174,6 +144,7 @@ def _forward(st: KernelStatic, q, k, v, offset, q_seg, kv_seg, slopes):
     q_spec, kv_spec, row_spec, extras = _query_block_specs(st, bq, Sp, Hp)
     return st.call(
         functools.partial(fwd_kernel, st=st, bq=bq, bk=bk, nk=nk),
+        "fwd",
         grid=(B, N, Tp // bq),
         in_specs=[q_spec, kv_spec, kv_spec] + extras,
         out_specs=[q_spec, row_spec],
@@ -200,6 +171,7 @@ def _backward(st: KernelStatic, res, d_out):
     q_spec, kv_spec, row_spec, extras = _query_block_specs(st, bq, Sp, Hp)
     dq = st.call(
         functools.partial(dq_kernel, st=st, bq=bq, bk=bk, nk=nk),
+        "dq",
         grid=(B, N, Tp // bq),
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec] + extras,
         out_specs=q_spec,
@@ -230,6 +202,7 @@ def _backward(st: KernelStatic, res, d_out):
     )
     dk, dv = st.call(
         functools.partial(dkv_kernel, st=st, bq=bq, bk=bk, nq=nq),
+        "dkv",
         grid=(B, K, Sp // bk),
         in_specs=[group_spec, kv_spec, kv_spec, group_spec, group_rows, group_rows] + extras,
         out_specs=[kv_spec, kv_spec],
@@ -305,6 +278,7 @@ def attention(
     global_tokens: int = 0,
     random_blocks=None,
     block_sizes: BlockSizes | None = None,
+    launch: Launch | None = None,
     platform: str | None = None,
 ):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` -> ``[B,T,N,H]`` with the Pallas kernels; the mask
@@ -319,9 +293,12 @@ def attention(
     the default backend's alone). ``"cpu"``, ``"cuda"``/``"gpu"``/``"rocm"`` or ``"tpu"``:
     build that flavour only, with no dispatch (lowering it for another platform fails).
 
-    ``block_sizes`` (default: :meth:`BlockSizes.for_platform` of each flavour) applies to every
-    flavour; blocks under 16, which Triton cannot take, leave ``platform=None`` without a GPU
-    flavour (lowering for ``cuda``/``rocm`` then fails; on a GPU host this raises at once).
+    ``block_sizes`` (default: :meth:`BlockSizes.for_platform` of each flavour; on cuda the
+    measured row of :func:`~tfmjax.kernels.pallas_tuning.triton_settings` where there is one)
+    applies to every flavour; blocks under 16, which Triton cannot take, leave
+    ``platform=None`` without a GPU flavour (lowering for ``cuda``/``rocm`` then fails; on a
+    GPU host this raises at once). ``launch``: the Triton kernels' warps and stages (default:
+    the measured row's with default blocks, else ``DEFAULT_LAUNCH``).
     """
     if bias is not None:
         raise ValueError(
@@ -340,6 +317,7 @@ def attention(
         global_tokens=global_tokens,
         random_blocks=random_blocks,
         block_sizes=block_sizes,
+        launch=launch,
     )
     if platform is not None:
         return _attention(_platform(platform), q, k, v, **kw)
@@ -374,6 +352,7 @@ def _attention(
     global_tokens,
     random_blocks,
     block_sizes: BlockSizes | None,
+    launch: Launch | None,
 ):
     """The kernels of one flavour (``platform``: ``"cpu"``, ``"cuda"`` or ``"tpu"``); on
     ``cuda`` the Mosaic GPU kernels where :func:`gpu_kernel` picks them."""
@@ -403,6 +382,10 @@ def _attention(
             )
     blocks = block_sizes or BlockSizes.for_platform(platform, q.shape[-1])
     if platform == "cuda":
+        if block_sizes is None:
+            T, S, H = q.shape[1], k.shape[1], q.shape[-1]
+            blocks, tuned, _ = triton_settings(T, S, H, bool(causal), lowering_gpu_kind())
+            launch = launch or tuned
         _check_triton_blocks(blocks)
     static_offset = _static_offset(q_offset)
     return _kernels(
@@ -421,6 +404,7 @@ def _attention(
         random_blocks=random_blocks,
         scale=float(scale),
         blocks=blocks,
+        launch=launch or DEFAULT_LAUNCH,
         static_offset=static_offset,
     )
 
@@ -438,6 +422,7 @@ def _attention(
         "random_blocks",
         "scale",
         "blocks",
+        "launch",
         "static_offset",
     ),
 )
@@ -458,6 +443,7 @@ def _kernels(
     random_blocks,
     scale,
     blocks,
+    launch,
     static_offset,
 ):
     B, T, N, H = q.shape
@@ -473,6 +459,7 @@ def _kernels(
         has_alibi=alibi_slopes is not None,
         groups=N // K,
         blocks=blocks,
+        launch=launch,
         platform=platform,
         stride=stride,
         global_tokens=global_tokens,

@@ -25,8 +25,7 @@ from tfmjax.kernels.block_geometry import (
     pattern_ranges,
 )
 from tfmjax.kernels.masks import alibi_bias
-
-GPU_PLATFORMS = ("cuda", "gpu", "rocm")
+from tfmjax.kernels.pallas_tuning import DEFAULT_LAUNCH, GPU_PLATFORMS
 
 
 def pow2(n: int) -> int:
@@ -51,6 +50,7 @@ class KernelStatic:
     stride: int | None = None  # the sparse patterns of tfmjax.kernels.masks
     global_tokens: int = 0
     random_blocks: object = None  # masks.RandomBlocks
+    launch: object = DEFAULT_LAUNCH  # pallas_tuning.Launch: Triton warps and stages
 
     def geometry(self, block_q: int, block_k: int):
         """``bq, bk`` clipped to the lengths; ``nq, nk``: blocks holding real rows."""
@@ -66,14 +66,16 @@ class KernelStatic:
         bk = max(self.geometry(8, x)[1] for x in (b.block_k, b.block_k_dkv, b.block_k_dq))
         return -(-self.q_len // bq) * bq, -(-self.kv_len // bk) * bk
 
-    def call(self, kernel, **kw):
-        """``pl.pallas_call`` with this platform's compiler parameters."""
+    def call(self, kernel, which: str, **kw):
+        """``pl.pallas_call`` of kernel ``which`` (``"fwd"``, ``"dkv"``, ``"dq"``) with this
+        platform's compiler parameters (on GPU: that kernel's warps and stages)."""
         if self.platform == "cpu":
             return pl.pallas_call(kernel, interpret=True, **kw)
         if self.platform in GPU_PLATFORMS:
             from jax.experimental.pallas import triton as plgpu
 
-            params = plgpu.CompilerParams(num_warps=4, num_stages=2)
+            warps, stages = getattr(self.launch, which)
+            params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
         else:
             from jax.experimental.pallas import tpu as pltpu
 
