@@ -19,10 +19,7 @@ not have, is recorded with its one-line reason and the run goes on):
   Useful FLOPs: 4*B*N*T*S*H forward, halved when causal; forward+backward = 3.5x forward
   (FlashAttention-2's count).
   Each cell: ms, TFLOP/s and the fraction of the same-run matmul rate.
-* ``pallas_blocks``: for each attention shape, forward+backward of the Pallas kernel under a
-  few :class:`~tfmjax.kernels.pallas_attention.BlockSizes` (64 and 128 for query and key
-  blocks); the best per shape is recorded (``--no-sweep`` skips it; on CPU, where Pallas runs
-  in its interpreter, only ``--quick`` runs it, for the plumbing).
+  The Triton kernels' blocks, warps and stages are swept by ``bench/triton_sweep.py``.
 * ``train``: tokens/s of the real training loop (``tfmjax.train.train``: batches, metrics,
   the loop's own overheads) for ``configs/reverse.toml``, ``configs/shakespeare_char.toml``
   and GPT-2 small on the Shakespeare text (context 1024, batch 8), bf16 compute, with
@@ -63,7 +60,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 from tfmjax.config import load  # noqa: E402
 from tfmjax.decode import Greedy, generate  # noqa: E402
 from tfmjax.kernels import attention  # noqa: E402
-from tfmjax.kernels.pallas_attention import BlockSizes  # noqa: E402
 from tfmjax.models import build, preset  # noqa: E402
 
 # Dense bf16 peak FLOP/s by device kind (vendor spec sheets, no sparsity).
@@ -161,21 +157,9 @@ def attention_shapes(quick: bool, lengths=None, widths=None) -> list[Shape]:
     ]
 
 
-def _attention_fns(impl: str, shape: Shape, block_sizes: BlockSizes | None = None):
-    kw = {"causal": shape.causal, "impl": impl}
-    if block_sizes is not None:
-        from tfmjax.kernels import pallas_attention
-
-        def forward(q, k, v):
-            return pallas_attention.attention(
-                q, k, v, causal=shape.causal, q_segment_ids=None, kv_segment_ids=None,
-                window=None, alibi_slopes=None, bias=None, q_offset=0,
-                scale=shape.H**-0.5, block_sizes=block_sizes,
-            )  # fmt: skip
-    else:
-
-        def forward(q, k, v):
-            return attention(q, k, v, **kw)
+def _attention_fns(impl: str, shape: Shape):
+    def forward(q, k, v):
+        return attention(q, k, v, causal=shape.causal, impl=impl)
 
     def loss(q, k, v):
         return jnp.sum(forward(q, k, v).astype(jnp.float32))
@@ -189,10 +173,10 @@ def _qkv(shape: Shape, dtype):
     return [jax.random.normal(key, dims, dtype) for key in keys]
 
 
-def bench_attention_cell(impl, shape, dtype, repeats, matmul_tflops, block_sizes=None) -> dict:
+def bench_attention_cell(impl, shape, dtype, repeats, matmul_tflops) -> dict:
     try:
         q, k, v = _qkv(shape, dtype)
-        forward, backward = _attention_fns(impl, shape, block_sizes)
+        forward, backward = _attention_fns(impl, shape)
         _, fwd = _median_seconds(forward, q, k, v, repeats=repeats)
         _, both = _median_seconds(backward, q, k, v, repeats=repeats)
     except Exception as error:  # noqa: BLE001 -- a cell that cannot run is a result
@@ -223,28 +207,6 @@ def bench_attention(shapes, impls, dtype, repeats, matmul_tflops) -> dict:
         for impl in impls:
             row[impl] = bench_attention_cell(impl, shape, dtype, repeats, matmul_tflops)
     return table
-
-
-BLOCK_CANDIDATES = [(64, 64), (64, 128), (128, 64), (128, 128)]
-
-
-def sweep_pallas_blocks(shapes, dtype, repeats, matmul_tflops) -> dict:
-    """Forward+backward of the Pallas kernel per block size (query, key blocks of all three
-    kernels alike); the fastest per shape is ``best``."""
-    results = {}
-    for shape in shapes:
-        cells = {}
-        for bq, bk in BLOCK_CANDIDATES:
-            sizes = BlockSizes(bq, bk, bq, bk, bq, bk)
-            cells[f"{bq}x{bk}"] = bench_attention_cell(
-                "pallas", shape, dtype, repeats, matmul_tflops, block_sizes=sizes
-            )
-        timed = {name: c["fwd_bwd_ms"] for name, c in cells.items() if "fwd_bwd_ms" in c}
-        results[shape.name()] = {
-            "cells": cells,
-            "best": min(timed, key=timed.get) if timed else None,
-        }
-    return results
 
 
 # -- training ----------------------------------------------------------------------------
@@ -410,8 +372,6 @@ def print_report(result: dict) -> None:
             if isinstance(c, dict)
         ]
         print(f"  {shape:24s} " + "  ".join(cells))
-    for shape, sweep in result.get("pallas_blocks", {}).items():
-        print(f"  pallas blocks {shape}: best {sweep['best']}")
     if "train" in result:
         print("\ntraining tokens/s (MFU)")
     for name, row in result.get("train", {}).items():
@@ -431,7 +391,6 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="small shapes (any platform; CI)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--no-sweep", action="store_true", help="skip the Pallas block sweep")
     parser.add_argument("--skip", nargs="*", default=[], choices=["attention", "train", "decode"])
     parser.add_argument("--lengths", nargs="*", type=int, help="attention T (default 1k 4k 16k)")
     parser.add_argument("--widths", nargs="*", type=int, help="attention head widths (64 128)")
@@ -452,9 +411,6 @@ def main(argv=None) -> int:
         shapes = attention_shapes(quick, args.lengths, args.widths)
         impls = runnable_impls(platform, quick)
         result["attention"] = bench_attention(shapes, impls, dtype, repeats, matmul_tflops)
-        if not args.no_sweep and "pallas" in impls:
-            swept = shapes[:1] if quick else shapes
-            result["pallas_blocks"] = sweep_pallas_blocks(swept, dtype, repeats, matmul_tflops)
     if "train" not in args.skip:
         steps = args.train_steps or (32 if quick else 320)
         result["train"] = bench_train(

@@ -51,7 +51,7 @@ section() {  # section NAME SECONDS ARGS...: one bench/device.py run, its JSON i
     shift 2
     wanted "$name" || return 0
     echo "== $name (limit ${seconds}s) $(date -u +%T)" | tee -a "$OUT/sections.log"
-    timeout "$seconds" python3 bench/device.py --no-sweep --out "$OUT/$name" "$@" \
+    timeout "$seconds" python3 bench/device.py --out "$OUT/$name" "$@" \
         >>"$OUT/sections.log" 2>&1
     echo "== $name exit $? $(date -u +%T)" | tee -a "$OUT/sections.log"
 }

@@ -1,8 +1,8 @@
 """``python bench/device.py --quick`` runs on the CPU (CI; one attention shape, 16 training
 steps, one repeat: the plumbing, not the figures) and writes its JSON: every section
-present, every cell that this platform can run measured (no error), the Pallas block sweep
-naming a best block size, the training loop measured with each steps_per_call and prefetch
-setting. No figure is asserted: speed is measured in bench/, never in a test."""
+present, every cell that this platform can run measured (no error), the training loop
+measured with each steps_per_call and prefetch setting. No figure is asserted: speed is
+measured in bench/, never in a test."""
 
 from __future__ import annotations
 
@@ -32,8 +32,6 @@ def test_quick_device_bench_measures_every_cell(tmp_path):
         assert {"pallas", "xla", "blockwise"} <= set(row) and "cudnn" not in row, shape
         for impl in ("pallas", "xla", "blockwise"):
             assert row[impl]["fwd_bwd_tflops"] > 0, (shape, impl, row[impl])
-    (sweep,) = result["pallas_blocks"].values()
-    assert sweep["best"] in sweep["cells"]
 
     (train,) = result["train"].values()
     assert set(train) == {f"steps_per_call={k} prefetch={p}" for k in (1, 4) for p in (True, False)}
