@@ -197,6 +197,8 @@ def main(argv=None) -> int:
     result = {"platform": _platform(), "device": device, "jax": jax.__version__, "date": now}
     result["shapes"] = {}
     family = pallas_tuning.gpu_family(device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"triton_sweep-{_slug(device)}.json"
     start = time.perf_counter()
     for shape in shapes_to_sweep(args.quick, args.lengths, args.widths, args.missing, family):
         if time.perf_counter() - start > args.budget:
@@ -204,10 +206,9 @@ def main(argv=None) -> int:
             break
         swept = result["shapes"][shape.name()] = sweep_shape(shape, repeats, args.quick)
         swept.update(T=shape.T, H=shape.H, causal=shape.causal)
+        path.write_text(json.dumps(result, indent=1) + "\n")  # after each shape: kept if cut
         print(f"{shape.name():24s} fwd+bwd ms: defaults {swept['default_fwd_bwd_ms']}, "
               f"best {swept['best_fwd_bwd_ms']} {swept['best']}", flush=True)  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"triton_sweep-{_slug(device)}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

