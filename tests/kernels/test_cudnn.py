@@ -328,8 +328,9 @@ def test_check_batch_takes_trailing_padding():
 
 def test_auto_table_rows():
     """Every platform's rows start at length 0 and increase; GPUs and TPUs run Pallas on
-    long queries, cuda runs a one-token decode step through xla (measured on an H200), and
-    the CPU switches to blockwise at 512."""
+    long queries (cuda: cuDNN from 1024 only where ``cudnn_ok``, test_auto_cudnn.py), cuda
+    runs a one-token decode step through xla (measured on an H200), and the CPU switches
+    to blockwise at 512."""
     for platform in kernels.LOWERING_PLATFORMS:
         starts = [start for start, _ in kernels.AUTO_TABLE[platform]]
         assert starts[0] == 0 and starts == sorted(set(starts)), platform

@@ -25,8 +25,10 @@ import numpy as np
 from tfmjax.data import EOS_ID, PAD_ID, eval_batches
 from tfmjax.decode import Greedy, generate
 from tfmjax.decode.api import checked_prompts
+from tfmjax.kernels import traced_with_trailing_padding
 from tfmjax.losses import cross_entropy, token_accuracy
 from tfmjax.models import build
+from tfmjax.models.checks import auto_may_run_cudnn
 from tfmjax.parallel.processes import to_host
 
 EVAL_SEED = 0  # the eval stream is the same for every run (train.seed changes only training)
@@ -44,6 +46,16 @@ def row_sums(model, params, batch: dict) -> dict:
         return {"nll": nll, "tokens": tokens, "correct": correct}
 
     return jax.vmap(one)(logits, targets, mask)
+
+
+def teacher_forced_sums(model):
+    """Jitted ``(params, batch) -> row_sums``; traced inside
+    :func:`tfmjax.kernels.trailing_padding` where ``auto`` may run cuDNN (the evaluators
+    check every batch for it)."""
+    sums = functools.partial(row_sums, model)
+    if auto_may_run_cudnn(model.config):
+        sums = traced_with_trailing_padding(sums)
+    return jax.jit(sums)
 
 
 def ids_to_text(vocab, ids) -> str:
@@ -114,9 +126,9 @@ class Evaluator:
         self.prompts = [model.eval_prompts(batch) for batch in self.batches]
         self.answers = [model.eval_answers(batch, self.max_new_tokens) for batch in self.batches]
         for batch, prompts in zip(self.batches, self.prompts, strict=True):
-            model.check_batch(batch)
+            model.check_batch(batch, auto_may_run_cudnn(model_config))
             checked_prompts(model, prompts, self.max_new_tokens)
-        self._row_sums = jax.jit(functools.partial(row_sums, model))
+        self._row_sums = teacher_forced_sums(model)
 
     def __call__(self, params, num_rows: int = NUM_ROWS) -> tuple[dict, list[dict]]:
         start = time.perf_counter()

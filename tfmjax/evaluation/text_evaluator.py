@@ -18,7 +18,6 @@ fill-ins.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 
@@ -29,9 +28,10 @@ from tfmjax.data.images import ImageSource
 from tfmjax.data.text import TextSource
 from tfmjax.data.vocab import MASK_ID, RESERVED_TOKENS
 from tfmjax.decode import TopK, generate
-from tfmjax.evaluation.evaluator import EVAL_SEED, NUM_ROWS, Evaluator, row_sums
+from tfmjax.evaluation.evaluator import EVAL_SEED, NUM_ROWS, Evaluator, teacher_forced_sums
 from tfmjax.evaluation.image_evaluator import ImageEvaluator
 from tfmjax.models import build
+from tfmjax.models.checks import auto_may_run_cudnn
 from tfmjax.parallel.processes import to_host
 
 PROMPT_TOKENS = 16  # tokens of a validation window that a sample continues
@@ -65,7 +65,7 @@ class TextEvaluator:
             for step in range(-(-num_examples // batch_size))
         ]
         for batch in self.batches:
-            model.check_batch(batch)
+            model.check_batch(batch, auto_may_run_cudnn(model_config))
         self.decode_key = jax.random.key(decode_seed)
         p = source.params
         self.strategy = TopK(
@@ -75,7 +75,7 @@ class TextEvaluator:
         self.prompts = np.asarray(self.batches[0]["tokens"][: p.samples, :prompt_tokens])
         # A sample never runs past the model's positions (a learned table ends at max_len).
         self.sample_tokens = min(p.sample_tokens, model_config.max_len - prompt_tokens)
-        self._row_sums = jax.jit(functools.partial(row_sums, model))
+        self._row_sums = teacher_forced_sums(model)
         self._guesses = jax.jit(lambda params, tokens: model.apply(params, tokens).argmax(-1))
         if model.batch_format == "masked_lm":
             counts = np.bincount(source.ids["train"], minlength=source.vocab_size)

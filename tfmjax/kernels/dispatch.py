@@ -31,6 +31,8 @@ lowering: a joint ``lowering_platforms=("cpu", "cuda")`` fails for pallas (see t
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import math
@@ -64,17 +66,20 @@ BLOCKWISE_MIN_LEN_CPU = 512
 # What "auto" runs on each platform: ``(from_length, impl)`` rows in increasing order; the
 # last row whose ``from_length <= min(T, S)`` applies. Where the numbers come from:
 # * cpu: measured on a 2-core CPU (:data:`BLOCKWISE_MIN_LEN_CPU`).
-# * cuda: one query row (a decode step, ``T = 1``) runs xla, longer queries Pallas. On an
-#   H200 (bench/README.md: width 768, 12 layers, bf16, batch 1) a decode step through the
-#   Pallas kernel, which pads the query row to a tile of 16, took 0.85 / 1.44 / 4.57 ms at a
-#   1k / 4k / 16k cache and through xla 0.67 / 0.77 / 1.06 ms (MLA's 288-wide latent heads:
-#   15.8 against 1.09 ms at 16k), while Pallas prefilled 4.5-6.4x faster at 4k-16k. On the
-#   same H200 (bf16, H=128, T=1k-16k) cuDNN's forward+backward ran 1.7-3.1x faster than
-#   Pallas, but cuDNN's masks take only one segment followed by padding per row, and
-#   segment ids are traced, so "auto" cannot know a batch is of that form: a packed or
-#   left-padded batch would be masked wrongly.
-#   ``attention_impl = "cudnn"`` (whose ``check_batch`` refuses other batches) is the
-#   user's fast choice. A row ``(n, "cudnn")`` here would make "auto" pick it from n on.
+# * cuda: one query row (a decode step, ``T = 1``) runs xla, longer queries Pallas, and from
+#   1024 cuDNN where it may run. On an H200 (bench/README.md: width 768, 12 layers, bf16,
+#   batch 1) a decode step through the Pallas kernel, which pads the query row to a tile of
+#   16, took 0.85 / 1.44 / 4.57 ms at a 1k / 4k / 16k cache and through xla 0.67 / 0.77 /
+#   1.06 ms (MLA's 288-wide latent heads: 15.8 against 1.09 ms at 16k), while Pallas
+#   prefilled 4.5-6.4x faster at 4k-16k. On the same H200 and an H100 (bf16, H=128,
+#   B*T = 16k tokens, T = 1k-16k, causal and full) cuDNN's forward+backward ran 1.7-3.2x
+#   faster than Pallas (1.81 against 3.09 ms at T=1024 causal; 7.25 against 20.2 at 16k),
+#   and GPT-2 small trained 4.5% faster with it. Below 1024 nothing was measured: Pallas,
+#   the choice made before. cuDNN's masks take only one segment followed by padding per
+#   row, and segment ids are traced, so "auto" picks it only for calls without segment
+#   ids or traced inside :func:`trailing_padding` (the training and evaluation steps, whose
+#   every batch the host checked), at ``q_offset = 0``, with masks it can express;
+#   every other call (generation, packed or left-padded batches) keeps Pallas.
 # * rocm, tpu: not measured (no such device yet); Pallas, the choice made before this
 #   table existed.
 # A dense bias always runs "xla". A row naming an implementation that cannot take the call
@@ -82,10 +87,40 @@ BLOCKWISE_MIN_LEN_CPU = 512
 # (not importable) to the cpu row.
 AUTO_TABLE: dict[str, tuple[tuple[int, str], ...]] = {
     "cpu": ((0, "xla"), (BLOCKWISE_MIN_LEN_CPU, "blockwise")),
-    "cuda": ((0, "xla"), (2, "pallas")),
+    "cuda": ((0, "xla"), (2, "pallas"), (1024, "cudnn")),
     "rocm": ((0, "pallas"),),
     "tpu": ((0, "pallas"),),
 }
+
+
+# The promise of :func:`trailing_padding`, read when a call is traced.
+_TRAILING_PADDING = contextvars.ContextVar("tfmjax_trailing_padding", default=False)
+
+
+@contextlib.contextmanager
+def trailing_padding():
+    """While open, the attention calls traced promise that their segment ids hold one
+    segment followed by padding in every row (ids ``1 .. 1 0 .. 0``), as
+    ``model.check_batch(batch, trailing_padding=True)`` checked of every batch on the host.
+    "auto" may then pick cuDNN (:data:`AUTO_TABLE`), whose masks take only that form. Read at
+    trace time: see :func:`traced_with_trailing_padding`."""
+    token = _TRAILING_PADDING.set(True)
+    try:
+        yield
+    finally:
+        _TRAILING_PADDING.reset(token)
+
+
+def traced_with_trailing_padding(fn):
+    """``fn``, traced inside :func:`trailing_padding` (wrap it before ``jax.jit``): how the
+    training and evaluation steps make the promise their host checks keep."""
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with trailing_padding():
+            return fn(*args, **kwargs)
+
+    return traced
 
 
 def choose_impl(
@@ -260,9 +295,15 @@ def attention(
 
 
 def _cudnn_ok(q, k, kw) -> bool:
-    """Whether "auto" may pick cuDNN for this call: some :data:`AUTO_TABLE` row names it and
-    cuDNN can express the call (:func:`tfmjax.kernels.cudnn_attention.unsupported`)."""
+    """Whether "auto" may pick cuDNN for this call: some :data:`AUTO_TABLE` row names it, the
+    segment ids are absent or promised in cuDNN's form (:func:`trailing_padding`), the query
+    starts at 0 (not a decoding step) and cuDNN can express the masks
+    (:func:`tfmjax.kernels.cudnn_attention.unsupported`)."""
     if not any(name == "cudnn" for rows in AUTO_TABLE.values() for _, name in rows):
+        return False
+    if kw["q_segment_ids"] is not None and not _TRAILING_PADDING.get():
+        return False
+    if not (_is_int(kw["q_offset"]) and kw["q_offset"] == 0):
         return False
     cudnn = importlib.import_module(_MODULES["cudnn"])
     options = ("causal", "window", "stride", "global_tokens", "random_blocks")

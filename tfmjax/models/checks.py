@@ -52,20 +52,34 @@ def check_concrete_tokens(ids, vocab_size: int, name: str) -> None:
         check_tokens(ids, vocab_size, name)
 
 
-def check_trailing_padding(segment_ids, name: str) -> None:
+def auto_may_run_cudnn(config: ModelConfig, backend: str | None = None) -> bool:
+    """Whether the training and evaluation steps may run cuDNN's fused attention under
+    ``model.attention_impl="auto"`` on ``backend`` (default: this process's): on a CUDA GPU,
+    where :data:`tfmjax.kernels.AUTO_TABLE` names it. Then they are traced inside
+    :func:`tfmjax.kernels.trailing_padding` and every batch is checked by
+    :func:`check_trailing_padding`."""
+    return config.attention_impl == "auto" and (backend or jax.default_backend()) == "gpu"
+
+
+def check_trailing_padding(segment_ids, name: str, impl: str = "cudnn") -> None:
     """Raise :class:`InputError` unless every row of ``segment_ids [B,T]`` is 1 on its tokens
-    and 0 from its first padding slot to the end: the only layout
-    ``model.attention_impl="cudnn"`` can mask, since cuDNN takes padding as per-row lengths
-    (:mod:`tfmjax.kernels.cudnn_attention`)."""
-    ids = np.asarray(segment_ids)
+    and 0 from its first padding slot to the end: the only layout cuDNN can mask, since it
+    takes padding as per-row lengths (:mod:`tfmjax.kernels.cudnn_attention`).
+    ``impl``: the ``model.attention_impl`` that may run cuDNN (``"cudnn"`` or ``"auto"``)."""
+    ids = np.asarray(segment_ids).astype(np.int64)  # a token mask's booleans print as 0 / 1
     lengths = np.count_nonzero(ids, axis=1)
     want = np.arange(ids.shape[1])[None, :] < lengths[:, None]
     bad = np.flatnonzero(np.any(ids != want, axis=1))
     if bad.size:
         row = int(bad[0])
+        runs = (
+            "model.attention_impl='cudnn' masks"
+            if impl == "cudnn"
+            else "model.attention_impl='auto' may run cuDNN's attention on this GPU, which masks"
+        )
+        fix = "'auto' or 'xla'" if impl == "cudnn" else "'pallas' or 'xla'"
         raise InputError(
-            f"{name} row {row} is {ids[row].tolist()}: model.attention_impl='cudnn' masks "
+            f"{name} row {row} is {ids[row].tolist()}: {runs} "
             "padding by per-row lengths, so each row must be one segment (ids 1) followed by "
-            "padding (0); packed rows or padding before a token need attention_impl 'auto' "
-            "or 'xla'"
+            f"padding (0); packed rows or padding before a token need attention_impl {fix}"
         )

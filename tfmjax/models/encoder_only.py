@@ -86,9 +86,9 @@ class EncoderOnly(Family, nn.Module):
         return {"encoder": self.config.num_layers}
 
     @nn.nowrap
-    def check_batch(self, batch: dict) -> None:
+    def check_batch(self, batch: dict, trailing_padding: bool = False) -> None:
         """``tokens`` as every family checks them, and ``targets`` of the same shape."""
-        super().check_batch(batch)
+        super().check_batch(batch, trailing_padding)
         if "targets" in batch:
             targets = batch["targets"]
             if targets.shape != batch["tokens"].shape:

@@ -130,9 +130,13 @@ class Family:
         ones = jnp.ones((batch, length), jnp.int32)
         return {key: ones for key in self.token_keys}
 
-    def check_batch(self, batch: dict) -> None:
+    def check_batch(self, batch: dict, trailing_padding: bool = False) -> None:
         """Check every token array of a batch on the host: keys, rank, ids, lengths; with
-        ``model.attention_impl="cudnn"``, also that padding only trails each row."""
+        ``model.attention_impl="cudnn"``, also that padding only trails each row, and with
+        ``"auto"`` when ``trailing_padding`` (a step traced inside
+        :func:`tfmjax.kernels.trailing_padding` will take the batch)."""
+        impl = self.config.attention_impl
+        trailing = impl == "cudnn" or (trailing_padding and impl == "auto")
         for key in self.token_keys:
             if key not in batch:
                 raise InputError(
@@ -143,10 +147,10 @@ class Family:
                 raise InputError(f"{key} must be [batch, length], got shape {ids.shape}")
             check_tokens(ids, self.config.vocab_size, key)
             check_length(ids.shape[1], self.config, key)
-            if self.config.attention_impl == "cudnn":
+            if trailing:
                 seg = self.segment_keys.get(key)
                 seg_ids = batch[seg] if seg in batch else self.token_mask(ids)
-                check_trailing_padding(seg_ids, seg if seg in batch else f"{key} padding")
+                check_trailing_padding(seg_ids, seg if seg in batch else f"{key} padding", impl)
 
     def positions_in(self, batch: dict) -> int:
         """Padded sequence positions a batch computes on (throughput's tokens): every

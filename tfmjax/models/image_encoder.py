@@ -80,8 +80,9 @@ class PatchEncoder(EncoderOnly):
         return {"images": jnp.zeros((batch, *self.image_shape()), jnp.float32)}
 
     @nn.nowrap
-    def check_batch(self, batch: dict) -> None:
-        """Host: ``images [B,Hi,Wi,C]`` of this model's size, finite; ``labels [B]`` class ids."""
+    def check_batch(self, batch: dict, trailing_padding: bool = False) -> None:
+        """Host: ``images [B,Hi,Wi,C]`` of this model's size, finite; ``labels [B]`` class ids
+        (no padding: ``trailing_padding`` has nothing to check)."""
         if "images" not in batch:
             raise InputError(f"an image batch needs key 'images'; got keys {sorted(batch)}")
         images = np.asarray(batch["images"])

@@ -64,6 +64,7 @@ from tfmjax.parallel import mesh_text
 from tfmjax.parallel.processes import is_main
 from tfmjax.reporting.console import Console
 from tfmjax.reporting.metrics_log import MetricsLog, NullLog
+from tfmjax.train.kernel_note import attention_note
 from tfmjax.train.prefetch import Prefetcher
 from tfmjax.train.resume import longer_hint, restore
 from tfmjax.train.run import Run, build_run
@@ -310,6 +311,9 @@ def _header(run: Run, params, start: int, console: Console) -> None:
     kinds = ", ".join(sorted({device.device_kind for device in run.placement.mesh.devices.flat}))
     console.print(f"devices: {kinds}; " + (untested_jax() or f"jax {jax.__version__}"))
     if note := dtype_note(jax.default_backend(), exp.model.dtype):
+        console.print(note)
+    widths = [run.batch(0)[key].shape[1] for key in run.model.token_keys]  # images: none
+    if widths and (note := attention_note(exp.model, max(widths), jax.default_backend())):
         console.print(note)
     if start:
         console.print(f"resumed from checkpoint step {start}")

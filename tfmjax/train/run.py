@@ -19,8 +19,9 @@ from tfmjax.data.sources import is_text, open_source
 from tfmjax.data.user_data import configured_file_digest
 from tfmjax.data.vocab import PAD_ID
 from tfmjax.evaluation.text_evaluator import make_evaluator
+from tfmjax.kernels import traced_with_trailing_padding
 from tfmjax.models import FAMILIES, build
-from tfmjax.models.checks import InputError
+from tfmjax.models.checks import InputError, auto_may_run_cudnn
 from tfmjax.parallel import Placement
 from tfmjax.train.fused_adamw import FusedAdamW
 from tfmjax.train.optimizer import make_optimizer
@@ -62,11 +63,17 @@ class Run:
             rows=rows,
         )
 
+    def checked_batch(self, step: int, rows: slice | None = None) -> dict:
+        """:meth:`batch`, checked on the host as every batch a step takes: ids, lengths and,
+        where the step may run cuDNN, padding that only trails (``model.check_batch``)."""
+        batch = self.batch(step, rows)
+        self.model.check_batch(batch, auto_may_run_cudnn(self.experiment.model))
+        return batch
+
     def device_batch(self, step: int) -> dict:
         """Batch ``step`` as global arrays split over the mesh's batch axes: each process
         builds and puts only the rows its own devices hold (checked like any batch)."""
-        rows = self.batch(step, self.placement.local_rows(self.experiment.data.batch_size))
-        self.model.check_batch(rows)
+        rows = self.checked_batch(step, self.placement.local_rows(self.experiment.data.batch_size))
         return self.placement.put_batch(rows)
 
     def device_batches(self, first: int, end: int) -> dict:
@@ -77,9 +84,7 @@ class Run:
         rows = self.placement.local_rows(size)
         parts = []
         for step in range(first, end):
-            part = self.batch(step, rows)
-            self.model.check_batch(part)
-            parts.append(part)
+            parts.append(self.checked_batch(step, rows))
         sharding = stacked_batch_sharding(self.placement)
         stacked = {key: np.stack([np.asarray(p[key]) for p in parts]) for key in parts[0]}
         return {
@@ -261,6 +266,8 @@ def make_training(experiment: Experiment, hyper: dict | None = None) -> tuple:
         grad_accum_steps=o.grad_accum_steps,
         loss_chunk=experiment.train.loss_chunk,
     )
+    if auto_may_run_cudnn(m):  # every batch is checked for it (Run.device_batch)
+        step = traced_with_trailing_padding(step)
     return schedule, tx, step
 
 
@@ -283,7 +290,7 @@ def _build_run(experiment: Experiment) -> Run:
         batch_format=model.batch_format, batch_size=d.batch_size, seed=t.seed, step=0
     )
     try:
-        model.check_batch(sample)
+        model.check_batch(sample, auto_may_run_cudnn(m))
     except InputError as err:
         raise ConfigError(str(err)) from None
     shardings = state_shardings(model, tx, sample, t.seed, placement)

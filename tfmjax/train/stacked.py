@@ -162,7 +162,7 @@ def _run_steps(opened: list[tuple], start: int, experiments, stop: StopSignals) 
     t = experiments[0].train
     step = start
     for lo, hi in call_spans(start, t.steps, t.steps_per_call_on(jax.default_backend())):
-        batches = [[run.batch(s) for s in range(lo, hi)] for run in runs]
+        batches = [[run.checked_batch(s) for s in range(lo, hi)] for run in runs]
         stacked = {
             key: np.stack([np.stack([b[key] for b in per_run]) for per_run in batches])
             for key in batches[0][0]
