@@ -159,8 +159,12 @@ def same_choice_limit(length: int) -> int:
     """The longest length that "auto" resolves as it does ``length`` on every platform of
     :data:`AUTO_TABLE` (a length that pads a shorter one to share its program, as
     generation's prompt buckets do, must not switch implementation: another kernel rounds
-    otherwise). ``math.inf`` beyond the last row."""
-    starts = sorted({start for rows in AUTO_TABLE.values() for start, _ in rows if start > length})
+    otherwise). ``math.inf`` beyond the last row. Rows naming cuDNN do not count: generation
+    never takes them (its calls carry segment ids without :func:`trailing_padding`'s
+    promise, at a cache's traced offset)."""
+    starts = sorted(
+        {s for rows in AUTO_TABLE.values() for s, name in rows if s > length and name != "cudnn"}
+    )
     return starts[0] - 1 if starts else math.inf
 
 
