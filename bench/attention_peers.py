@@ -17,6 +17,10 @@ recorded with its one-line reason and the run goes on):
   torch-flash    ``torch.nn.functional.scaled_dot_product_attention`` under the flash backend
                  (``[B,N,T,H]`` tensors; torch's own CUDA build on the GPU host)
 
+``--mosaic-tiles`` adds a row per tile setting of the Hopper kernels (:data:`MOSAIC_TILES`:
+streamed block of the forward, dQ and dK/dV kernels and the ring's slots, called directly,
+not through the dispatch), the same-run search for their defaults.
+
 Shapes are ``bench/device.py``'s (bf16, B*T = 16384 tokens, N*H = 2048; FlashAttention-2's FLOP
 count: 4*B*N*T*S*H forward, halved when causal, forward+backward 3.5x). Each cell is the
 median of ``--repeats`` calls after one warm-up. Writes
@@ -56,6 +60,10 @@ import tfmjax.kernels.mosaic_attention as mosaic_attention  # noqa: E402
 from tfmjax.kernels import attention  # noqa: E402
 
 ROWS = ("tfmjax-triton", "tfmjax-mosaic", "cudnn", "jax-triton", "jax-mosaic", "torch-flash")
+# (block_k, block_k_dq, block_q_dkv, stages) of tfmjax.kernels.mosaic_attention; the first is
+# its default. Rows "mosaic-tiles=<bk>-<bk_dq>-<bq_dkv>-<stages>".
+MOSAIC_TILES = [(128, 64, 64, 2), (128, 64, 64, 3), (64, 64, 64, 3), (128, 128, 128, 2),
+                (128, 128, 64, 2), (64, 128, 128, 3)]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -78,6 +86,12 @@ def _jax_forward(row: str, shape: Shape):
     if row in ("tfmjax-triton", "tfmjax-mosaic", "cudnn"):
         impl = "cudnn" if row == "cudnn" else "pallas"
         return lambda q, k, v: attention(q, k, v, causal=shape.causal, impl=impl, scale=scale)
+    if row.startswith("mosaic-tiles="):
+        tiles = tuple(int(x) for x in row.split("=")[1].split("-"))
+        interpret = _platform() == "cpu"
+        return lambda q, k, v: mosaic_attention.attention(
+            q, k, v, causal=shape.causal, scale=scale, tiles=tiles, interpret=interpret
+        )
     if row == "jax-triton":
         from jax.experimental.pallas.ops.gpu import attention as jax_attention
 
@@ -200,7 +214,10 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", nargs="*", type=int, help="T (default 1k 4k 16k)")
     parser.add_argument("--widths", nargs="*", type=int, help="head widths (64 128)")
     parser.add_argument("--rows", nargs="*", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--mosaic-tiles", action="store_true", help="a row per MOSAIC_TILES")
     args = parser.parse_args(argv)
+    if args.mosaic_tiles:
+        args.rows += ["mosaic-tiles=" + "-".join(map(str, tiles)) for tiles in MOSAIC_TILES]
     repeats = args.repeats or (1 if args.quick else 5)
     shapes = attention_shapes(args.quick, args.lengths or ((128,) if args.quick else None),
                               args.widths)  # fmt: skip

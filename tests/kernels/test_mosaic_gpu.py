@@ -69,13 +69,32 @@ CASES = {
 
 @pytest.mark.parametrize("name", CASES)
 def test_interpreted_values_and_grads_match_reference(name):
-    B, T, S, N, K, H, causal, segments, offset = CASES[name]
+    _assert_matches_reference(*CASES[name])
+
+
+# (block_k, block_k_dq, block_q_dkv, stages): what bench/attention_peers.py --mosaic-tiles
+# may try on a GPU; here the block loops and a ring of 3 slots against the same reference.
+TILES = {"k64_q128_3_stages": (64, 128, 128, 3)}
+
+
+@pytest.mark.parametrize("name", TILES)
+def test_other_tiles_give_the_same_numbers(name):
+    _assert_matches_reference(*CASES["causal_gqa_offset_padded"], tiles=TILES[name])
+
+
+def test_tiles_a_kernel_cannot_take_are_refused():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"blocks in \(64, 128\) and stages in \(2, 3, 4\)"):
+        mosaic_attention.attention(q, k, v, causal=True, scale=0.125, tiles=(32, 64, 64, 2))
+
+
+def _assert_matches_reference(B, T, S, N, K, H, causal, segments, offset, tiles=None):
     qkv, (q_seg, kv_seg), cotangent = _inputs(B, T, S, N, K, H, segments)
     mask = dict(causal=causal, scale=H**-0.5)
 
     def mosaic(q, k, v):
         return mosaic_attention.attention(
-            q, k, v, q_seg, kv_seg, q_offset=offset, interpret=True, **mask
+            q, k, v, q_seg, kv_seg, q_offset=offset, interpret=True, tiles=tiles, **mask
         ).astype(jnp.float32)
 
     def ref(q, k, v):

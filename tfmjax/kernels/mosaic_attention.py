@@ -272,7 +272,17 @@ def _flash_bwd(st, res, d_out):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "q_offset", "interpret"))
+# The tile settings a caller (bench/attention_peers.py --mosaic-tiles) may choose: streamed
+# rows per ring slot (keys for the forward and dQ, query rows for dK/dV) divide a CTA's 128,
+# and the ring holds 2-4 slots. Defaults: MosaicStatic's.
+TILE_BLOCKS = (64, 128)
+TILE_STAGES = (2, 3, 4)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("causal", "scale", "q_offset", "interpret", "tiles"),
+)
 def attention(
     q,
     k,
@@ -284,11 +294,14 @@ def attention(
     scale: float,
     q_offset: int = 0,
     interpret: bool = False,
+    tiles: tuple[int, int, int, int] | None = None,
 ):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` (float16/bfloat16, ``H <= 128``, K divides N) ->
     ``[B,T,N,H]``: causal or full attention with optional segment ids ``[B,T]``/``[B,S]``
     (the rule of :func:`tfmjax.kernels.masks.allowed`), queries at positions
-    ``q_offset + t``. ``interpret``: run in Pallas's GPU interpreter (on a CPU)."""
+    ``q_offset + t``. ``interpret``: run in Pallas's GPU interpreter (on a CPU).
+    ``tiles``: ``(block_k, block_k_dq, block_q_dkv, stages)``, each block in
+    :data:`TILE_BLOCKS`, ``stages`` in :data:`TILE_STAGES` (None: the defaults)."""
     from tfmjax.kernels.mosaic_kernels import MosaicStatic
 
     B, T, N, H = q.shape
@@ -301,6 +314,7 @@ def attention(
         has_seg=q_segment_ids is not None,
         groups=N // K,
         interpret=interpret,
+        **_tile_fields(tiles),
     )
     Tp, Sp, Hp = _round_up(T, CTA_ROWS), _round_up(S, CTA_ROWS), padded_head_width(H)
 
@@ -314,3 +328,15 @@ def attention(
         kv_seg = jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, Sp - S)))
     out = _flash(st, pad(q, Tp), pad(k, Sp), pad(v, Sp), q_seg, kv_seg)
     return out[:, :T, :, :H]
+
+
+def _tile_fields(tiles) -> dict:
+    if tiles is None:
+        return {}
+    *blocks, stages = tiles
+    if len(blocks) != 3 or any(b not in TILE_BLOCKS for b in blocks) or stages not in TILE_STAGES:
+        raise ValueError(
+            f"mosaic attention tiles={tiles!r}: (block_k, block_k_dq, block_q_dkv, stages) "
+            f"with blocks in {TILE_BLOCKS} and stages in {TILE_STAGES}"
+        )
+    return dict(zip(("block_k", "block_k_dq", "block_q_dkv", "stages"), tiles, strict=True))
