@@ -59,6 +59,15 @@ def cuda_plugin_present() -> bool:
     return cuda_versions is not None
 
 
+def cuda_runtime_version() -> int | None:
+    """The CUDA runtime version jax's CUDA plugin reports (e.g. 12090 for 12.9.0); None
+    without the plugin (a CPU host). jax's own Mosaic GPU attention reads it the same way
+    to refuse the runtimes whose ptxas miscompiles its causal mask."""
+    from jax._src.lib import cuda_versions
+
+    return None if cuda_versions is None else int(cuda_versions.cuda_runtime_get_version())
+
+
 @contextlib.contextmanager
 def _nominal_cudnn_version():
     """While open, jax's cuDNN attention reads :data:`NOMINAL_CUDNN_VERSION` as the local

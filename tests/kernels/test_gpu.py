@@ -163,6 +163,7 @@ MOSAIC_CASES = {
     "causal_mqa_h64_offset_ragged": (1, 300, 364, 4, 1, 64, True, None, 64),
     "packed_causal_gqa2_h64": (2, 512, 512, 4, 2, 64, True, PACKED, 0),
     "right_padded_full_h32": (2, 384, 384, 2, 2, 32, False, RIGHT_PADDED, 0),
+    "causal_keys_beyond_queries": (1, 64, 640, 4, 1, 64, True, None, 0),  # zero-trip loops
 }
 
 

@@ -64,6 +64,8 @@ CASES = {
     "causal_gqa_offset_padded": (1, 256, 300, 4, 2, 64, True, False, 44),
     "segments_full_h128_padded": (1, 200, 200, 2, 2, 128, False, True, 0),
     "segments_causal_mqa_h32": (2, 128, 128, 2, 1, 32, True, True, 0),
+    # keys past every query: their dK/dV CTAs see no query block (zero-trip loops)
+    "causal_keys_beyond_queries": (1, 64, 640, 2, 1, 64, True, False, 0),
 }
 
 
@@ -171,6 +173,44 @@ def test_cuda_lowering_builds_mosaic_gpu_kernels_forward_and_backward(monkeypatc
     grad = jax.grad(loss, (0, 1, 2))
     # forward (saved for the backward), dQ, dK/dV
     assert _calls(_exported_for_cuda(grad, q, k, v)) == {"mosaic": 3, "triton": 0}
+
+
+@pytest.mark.parametrize("name", [*CASES, "fp16_segments_h128"])
+def test_every_case_lowers_for_cuda(name):
+    """The GPU path itself (not the interpreter's), forward and gradient, for each case:
+    jax's Mosaic GPU lowering checks layouts, register-operand matmuls, TMA sizes and the
+    227 KiB of shared memory. What it cannot check (ptxas, registers, hangs) needs a GPU."""
+    B, T, S, N, K, H, causal, segments, offset = CASES.get(
+        name, (1, 256, 192, 4, 2, 128, False, True, 0)
+    )
+    qkv, (q_seg, kv_seg), _ = _inputs(B, T, S, N, K, H, segments)
+    if name.startswith("fp16"):
+        qkv = tuple(x.astype(jnp.float16) for x in qkv)
+
+    def loss(q, k, v):
+        out = mosaic_attention.attention(
+            q, k, v, q_seg, kv_seg, causal=causal, scale=H**-0.5, q_offset=offset
+        )
+        return jnp.sum(out.astype(jnp.float32))
+
+    assert _calls(_exported_for_cuda(jax.grad(loss, (0, 1, 2)), *qkv)) == {
+        "mosaic": 3,
+        "triton": 0,
+    }
+
+
+def test_runtimes_whose_ptxas_miscompiles_go_to_triton(monkeypatch):
+    """CUDA runtimes 12.8.0-12.9.0 miscompile masked Mosaic GPU attention (jax's own kernel
+    refuses causal there): every call runs Triton, saying why; 12.9.1 runs Mosaic."""
+    from tfmjax import compat
+
+    monkeypatch.setenv(mosaic_attention.PALLAS_GPU_ENV, "mosaic")
+    q, k, _ = _qkv()
+    monkeypatch.setattr(compat, "cuda_runtime_version", lambda: 12085)
+    kernel, why = mosaic_attention.gpu_kernel(q, k, q_offset=0)
+    assert kernel == "triton" and "CUDA runtime 12085" in why and "ptxas" in why
+    monkeypatch.setattr(compat, "cuda_runtime_version", lambda: 12091)
+    assert mosaic_attention.gpu_kernel(q, k, q_offset=0)[0] == "mosaic"
 
 
 @pytest.mark.parametrize(

@@ -32,9 +32,14 @@ import os
 import jax
 import jax.numpy as jnp
 
+from tfmjax import compat
 from tfmjax.kernels.pallas_kernels import pow2
 
 MAX_HEAD_WIDTH = 128
+# CUDA runtimes [12.8.0, 12.9.1) whose ptxas miscompiles the causal mask of jax's own Mosaic
+# GPU attention (attention_mgpu.py refuses causal there). Every kernel here masks (causal,
+# segments, ragged lengths), so on those runtimes every call runs Triton.
+PTXAS_MISCOMPILES = (12080, 12091)
 DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 CTA_ROWS = 128  # query rows (fwd, dQ) or keys (dK/dV) of one CTA: 2 warpgroups x 64
 
@@ -66,6 +71,9 @@ def unsupported(
     :func:`tfmjax.kernels.attention`."""
     if not available():
         return f"jax {jax.__version__} has no Pallas Mosaic GPU interpreter (needs jax >= 0.11)"
+    runtime = compat.cuda_runtime_version()
+    if runtime is not None and PTXAS_MISCOMPILES[0] <= runtime < PTXAS_MISCOMPILES[1]:
+        return f"CUDA runtime {runtime} (its ptxas miscompiles masked Mosaic GPU attention)"
     if alibi_slopes is not None:
         return "ALiBi slopes"
     if bias is not None:

@@ -199,8 +199,8 @@ def query_block_range(st: MosaicStatic, row0, block_k: int, num_k: int):
     else:
         hi = jnp.asarray(num_k, jnp.int32)
         full = jnp.asarray(st.kv_len // block_k, jnp.int32)
-    if st.has_seg:
-        full = jnp.zeros_like(full)
+    if st.has_seg:  # every step masked: the key segments' stream is consumed only there
+        full = jnp.zeros_like(full)  # (an unconsumed slot would stall the memory warpgroup)
     return hi, jnp.minimum(full, hi)
 
 
@@ -215,7 +215,7 @@ def key_block_range(st: MosaicStatic, key0, block_q: int, num_q: int):
     else:
         lo = jnp.asarray(0, jnp.int32)
         full = lo
-    if st.has_seg:
+    if st.has_seg:  # every step masked: the query segments' stream is consumed only there
         full = jnp.asarray(num_q, jnp.int32)
     return lo, full
 
