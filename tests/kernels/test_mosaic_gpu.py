@@ -15,6 +15,9 @@ jax 0.10 has no GPU interpreter: these tests need jax >= 0.11 (the fast half's s
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -197,6 +200,24 @@ def test_every_case_lowers_for_cuda(name):
         "mosaic": 3,
         "triton": 0,
     }
+
+
+def test_every_tile_setting_the_bench_tries_fits_at_head_width_128():
+    """bench/attention_peers.py --mosaic-tiles: each setting lowers for cuda at H=128, within
+    a Hopper SM's shared memory (checked by the lowering), so no device time is spent on one
+    that cannot run."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from attention_peers import MOSAIC_TILES
+
+    q, k, v = _qkv(H=128)
+    for tiles in MOSAIC_TILES:
+
+        def loss(q, k, v, tiles=tiles):
+            out = mosaic_attention.attention(q, k, v, causal=True, scale=0.1, tiles=tiles)
+            return jnp.sum(out.astype(jnp.float32))
+
+        got = _calls(_exported_for_cuda(jax.grad(loss, (0, 1, 2)), q, k, v))
+        assert got == {"mosaic": 3, "triton": 0}, tiles
 
 
 def test_runtimes_whose_ptxas_miscompiles_go_to_triton(monkeypatch):
