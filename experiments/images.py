@@ -76,7 +76,7 @@ def table(seeds, extra=(), results: Path = RESULTS) -> str:
 
 def figure(records: list[dict], workdir: Path | None, path: Path = FIGURE) -> None:
     """Test accuracy per eval step for each seed, and (from ``workdir``'s last checkpoint) the
-    class token's attention over the 4x4 grid of patches of the first test image, per head of
+    class token's attention over the grid of patches of the first test image, per head of
     the last layer, beside the image."""
     import matplotlib
 
