@@ -28,6 +28,7 @@ import argparse
 import ast
 import datetime
 import json
+import os
 import re
 import sys
 import time
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from device import Shape, _median_seconds, _platform, _qkv, _short, _slug  # noqa: E402
 
+import tfmjax.kernels.mosaic_attention as mosaic_attention  # noqa: E402
 import tfmjax.kernels.pallas_attention as pallas_attention  # noqa: E402
 from tfmjax.kernels import pallas_tuning  # noqa: E402
 from tfmjax.kernels.pallas_tuning import KERNELS, BlockSizes, Launch  # noqa: E402
@@ -191,6 +193,7 @@ def main(argv=None) -> int:
         count = record(json.loads(args.record.read_text()))
         print(f"recorded {count} rows in {TABLE.relative_to(ROOT)}")
         return 0
+    os.environ[mosaic_attention.PALLAS_GPU_ENV] = "triton"  # the kernels swept, whatever is set
     device = jax.devices()[0].device_kind
     repeats = args.repeats or (1 if args.quick else 5)
     now = datetime.datetime.now(datetime.UTC).isoformat()

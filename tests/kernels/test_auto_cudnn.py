@@ -18,7 +18,7 @@ from tfmjax.config import ModelConfig
 from tfmjax.kernels import masks
 from tfmjax.kernels.testing import call_kwargs, random_inputs, segment_ids
 from tfmjax.models import build
-from tfmjax.models.checks import InputError, auto_may_run_cudnn
+from tfmjax.models.checks import InputError, auto_may_run_cudnn, this_platform
 from tfmjax.train.kernel_note import attention_note
 
 CUDNN = "__cudnn$fmhaSoftmax"
@@ -93,10 +93,10 @@ def test_a_decode_step_never_takes_cudnn():
     assert _kernels_of(promised, q, k, v, jnp.int32(100))["cudnn"] == 0
 
 
-def _model(impl="auto"):
+def _model(impl="auto", max_len=1024):
     cfg = ModelConfig(
         family="decoder_only", vocab_size=32, d_model=32, num_heads=4, d_ff=64, num_layers=1,
-        max_len=64, dtype="bfloat16", attention_impl=impl, pad_id=0,
+        max_len=max_len, dtype="bfloat16", attention_impl=impl, pad_id=0,
     )  # fmt: skip
     return build(cfg)
 
@@ -115,27 +115,49 @@ def test_check_batch_keeps_the_promise():
     assert "\n" not in message and "row 0 is [0, 0, 1, 1]" in message
     assert "'auto' may run cuDNN" in message and "'pallas' or 'xla'" in message
     _model("pallas").check_batch(left, trailing_padding=True)
-    with pytest.raises(InputError, match="'auto' or 'xla'"):
+    with pytest.raises(InputError, match="model.attention_impl='cudnn' masks .* 'pallas' or 'xla'"):
         _model("cudnn").check_batch(left)
 
 
-def test_the_promise_is_made_on_gpus_for_auto_only():
+def test_the_promise_is_made_on_cuda_for_auto_models_that_reach_the_cudnn_row():
+    """Only where a step could take cuDNN: ``auto``, cuda (not rocm, whose jax backend is
+    also "gpu"), and a ``max_len`` of at least the row's 1024, so a short model on a GPU
+    has its batches checked for nothing it does not need."""
     cfg = _model().config
-    assert auto_may_run_cudnn(cfg, "gpu") and not auto_may_run_cudnn(cfg, "cpu")
-    assert not auto_may_run_cudnn(_model("pallas").config, "gpu")
-    assert auto_may_run_cudnn(cfg) == (jax.default_backend() == "gpu")
+    assert auto_may_run_cudnn(cfg, "cuda")
+    assert not any(auto_may_run_cudnn(cfg, p) for p in ("cpu", "rocm", "tpu"))
+    assert not auto_may_run_cudnn(_model("pallas").config, "cuda")
+    assert not auto_may_run_cudnn(_model(max_len=1023).config, "cuda")
+    assert auto_may_run_cudnn(cfg) == (this_platform() == "cuda")
+
+
+def test_other_gpus_and_wide_heads_keep_pallas():
+    """cuDNN was measured on Hopper at head widths up to 128: an A100 (whose cuDNN takes at
+    most 128) and a 256-wide head on an H100 stay on Pallas, promise or not."""
+    fn, q, k, v = _padded(1024)
+    promised = kernels.traced_with_trailing_padding(fn)
+    with compat.gpu_lowering_target("NVIDIA A100-SXM4-80GB"):
+        text = jax.jit(promised).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
+    assert f"@{CUDNN}(" not in text and f"@{TRITON}(" in text
+    wide = random_inputs(1, 1024, 1024, 2, 2, 256, jnp.bfloat16)[:3]
+    attend = lambda q, k, v: kernels.attention(q, k, v, causal=True)  # noqa: E731
+    assert _kernels_of(attend, *wide) == {"cudnn": 0, "triton": 1}
 
 
 def test_the_run_header_says_what_attention_runs():
-    cfg = _model().config
-    assert attention_note(cfg, 1024, "cpu") == ""
-    assert attention_note(cfg, 1024, "gpu") == (
+    cfg, h100 = _model().config, "NVIDIA H100 80GB HBM3"
+    assert attention_note(cfg, 1024, "cpu", "cpu") == ""
+    assert attention_note(cfg, 1024, "cuda", h100) == (
         "attention: cudnn ('auto' at length 1024 on cuda; tfmjax.kernels.AUTO_TABLE)"
     )
-    short = attention_note(cfg, 256, "gpu")
+    short = attention_note(cfg, 256, "cuda", h100)
     assert short.startswith("attention: pallas [triton kernels: TFMJAX_PALLAS_GPU=triton]")
-    fp32 = attention_note(ModelConfig(**{**vars(cfg), "dtype": "float32"}), 1024, "gpu")
-    assert "cuDNN cannot take this model's masks or dtype" in fp32
-    assert attention_note(_model("xla").config, 1024, "tpu") == (
+    fp32 = attention_note(ModelConfig(**{**vars(cfg), "dtype": "float32"}), 1024, "cuda", h100)
+    assert "cuDNN is not taken for this model on NVIDIA H100" in fp32
+    a100 = attention_note(cfg, 1024, "cuda", "NVIDIA A100-SXM4-80GB")
+    assert a100.startswith("attention: pallas") and "not taken" in a100
+    assert attention_note(_model("xla").config, 1024, "tpu", "TPU v5 lite") == (
         "attention: xla (model.attention_impl='xla')"
     )
+    mla = ModelConfig(**{**vars(cfg), "attention": "mla"})
+    assert attention_note(mla, 1024, "cuda", h100) == ""  # not one call of the head width

@@ -34,7 +34,7 @@ SMALL = [
 
 
 def _kernel_calls(promise: bool, monkeypatch) -> Counter:
-    monkeypatch.setattr(run_module, "auto_may_run_cudnn", lambda cfg, backend=None: promise)
+    monkeypatch.setattr(run_module, "auto_may_run_cudnn", lambda cfg, platform=None: promise)
     experiment = load(ROOT / "configs" / "shakespeare_char.toml", SMALL)
     _, tx, step = run_module.make_training(experiment)
     model = build(experiment.model)

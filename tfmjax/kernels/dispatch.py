@@ -41,6 +41,7 @@ import numbers
 import jax
 
 from tfmjax.kernels.masks import RandomBlocks
+from tfmjax.kernels.pallas_tuning import gpu_family, lowering_gpu_kind
 from tfmjax.kernels.platforms import LOWERING_PLATFORMS, PALLAS_FLAVOUR
 
 IMPLS = ("auto", "reference", "xla", "blockwise", "pallas", "cudnn")
@@ -78,13 +79,18 @@ BLOCKWISE_MIN_LEN_CPU = 512
 #   the choice made before. cuDNN's masks take only one segment followed by padding per
 #   row, and segment ids are traced, so "auto" picks it only for calls without segment
 #   ids or traced inside :func:`trailing_padding` (the training and evaluation steps, whose
-#   every batch the host checked), at ``q_offset = 0``, with masks it can express;
-#   every other call (generation, packed or left-padded batches) keeps Pallas.
+#   every batch the host checked), at ``q_offset = 0``, with masks it can express, heads up
+#   to 128 wide, on the GPUs of :data:`CUDNN_FAMILIES` (where it was measured); every other
+#   call (generation, packed or left-padded batches, other GPUs) keeps Pallas.
 # * rocm, tpu: not measured (no such device yet); Pallas, the choice made before this
 #   table existed.
 # A dense bias always runs "xla". A row naming an implementation that cannot take the call
 # falls back: "cudnn" (outside cuda, or a mask it cannot express) to "pallas", "pallas"
 # (not importable) to the cpu row.
+# The GPU families (tfmjax.kernels.pallas_tuning.gpu_family) on which "auto" may pick cuDNN:
+# where it was measured. Elsewhere a cudnn row falls back to Pallas.
+CUDNN_FAMILIES = ("hopper",)
+
 AUTO_TABLE: dict[str, tuple[tuple[int, str], ...]] = {
     "cpu": ((0, "xla"), (BLOCKWISE_MIN_LEN_CPU, "blockwise")),
     "cuda": ((0, "xla"), (2, "pallas"), (1024, "cudnn")),
@@ -153,6 +159,12 @@ def choose_impl(
     if name == "blockwise" and not _available("blockwise"):
         name = "xla"
     return name
+
+
+def cudnn_min_len() -> int | None:
+    """The length from which :data:`AUTO_TABLE`'s cuda row names cuDNN (None: it does not)."""
+    starts = [start for start, name in AUTO_TABLE["cuda"] if name == "cudnn"]
+    return starts[0] if starts else None
 
 
 def same_choice_limit(length: int) -> int:
@@ -309,6 +321,8 @@ def _cudnn_ok(q, k, kw) -> bool:
         return False
     if not (_is_int(kw["q_offset"]) and kw["q_offset"] == 0):
         return False
+    if gpu_family(lowering_gpu_kind()) not in CUDNN_FAMILIES or q.shape[-1] > 128:
+        return False  # measured on Hopper at H <= 128 only (pre-Hopper cuDNN: H <= 128)
     cudnn = importlib.import_module(_MODULES["cudnn"])
     options = ("causal", "window", "stride", "global_tokens", "random_blocks")
     options += ("alibi_slopes", "bias")

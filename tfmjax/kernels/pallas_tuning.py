@@ -54,14 +54,14 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f.name}={value!r} must be a power of two")
 
     @classmethod
-    def for_platform(cls, platform: str, head_dim: int = 64) -> BlockSizes:
+    def for_platform(cls, platform: str | None, head_dim: int = 64) -> BlockSizes:
         """GPU: the FlashAttention-2 Triton tutorial's tiles (fwd 128x64; dK/dV: 32 query
         rows per 128 keys; dQ: 128 query rows per 32 keys) for heads up to 128 wide, halved
         up to 256 and quartered beyond (never under 16), so the tiles stay within a GPU's
         shared memory: MLA's absorbed decoding heads (``R + Hr = 288`` wide at GPT-2 small's
         width) asked an H200 for 395,520 bytes of its 232,448 at the full tiles. TPU and
         CPU: 128 everywhere (one MXU tile / 128 lanes, as jax's own TPU flash attention)."""
-        if platform.lower() in GPU_PLATFORMS:
+        if (platform or jax.default_backend()).lower() in GPU_PLATFORMS:
             shrink = 1 if head_dim <= 128 else 2 if head_dim <= 256 else 4
             tiles = (128, 64, 32, 128, 128, 32)
             return cls(*(max(16, tile // shrink) for tile in tiles))
@@ -83,8 +83,10 @@ class Launch:
 
     def __post_init__(self):
         for kernel in KERNELS:
-            warps, stages = getattr(self, kernel)
-            if warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 8:
+            warps, stages = pair = tuple(getattr(self, kernel))  # a list from JSON: hashable
+            object.__setattr__(self, kernel, pair)
+            ints = all(isinstance(x, int) and not isinstance(x, bool) for x in pair)
+            if not ints or warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 8:
                 raise ValueError(
                     f"Launch.{kernel}=({warps}, {stages}): num_warps must be 1, 2, 4, 8 or 16 "
                     "and num_stages 1-8"

@@ -11,7 +11,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from tfmjax import compat
 from tfmjax.config import ModelConfig
+from tfmjax.kernels.dispatch import cudnn_min_len
 
 
 class InputError(ValueError):
@@ -52,13 +54,26 @@ def check_concrete_tokens(ids, vocab_size: int, name: str) -> None:
         check_tokens(ids, vocab_size, name)
 
 
-def auto_may_run_cudnn(config: ModelConfig, backend: str | None = None) -> bool:
+def this_platform() -> str:
+    """This process's platform as ``lax.platform_dependent`` names it: ``"cuda"`` or
+    ``"rocm"`` for a GPU (jax calls both ``"gpu"``), else ``"cpu"`` or ``"tpu"``."""
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return "cuda" if compat.cuda_plugin_present() else "rocm"
+    return backend
+
+
+def auto_may_run_cudnn(config: ModelConfig, platform: str | None = None) -> bool:
     """Whether the training and evaluation steps may run cuDNN's fused attention under
-    ``model.attention_impl="auto"`` on ``backend`` (default: this process's): on a CUDA GPU,
-    where :data:`tfmjax.kernels.AUTO_TABLE` names it. Then they are traced inside
+    ``model.attention_impl="auto"`` on ``platform`` (default: :func:`this_platform`): on
+    cuda, for a model whose ``max_len`` reaches the length from which
+    :data:`tfmjax.kernels.AUTO_TABLE` names cuDNN. Then they are traced inside
     :func:`tfmjax.kernels.trailing_padding` and every batch is checked by
     :func:`check_trailing_padding`."""
-    return config.attention_impl == "auto" and (backend or jax.default_backend()) == "gpu"
+    if config.attention_impl != "auto" or (platform or this_platform()) != "cuda":
+        return False
+    start = cudnn_min_len()
+    return start is not None and config.max_len >= start
 
 
 def check_trailing_padding(segment_ids, name: str, impl: str = "cudnn") -> None:
@@ -77,9 +92,9 @@ def check_trailing_padding(segment_ids, name: str, impl: str = "cudnn") -> None:
             if impl == "cudnn"
             else "model.attention_impl='auto' may run cuDNN's attention on this GPU, which masks"
         )
-        fix = "'auto' or 'xla'" if impl == "cudnn" else "'pallas' or 'xla'"
         raise InputError(
             f"{name} row {row} is {ids[row].tolist()}: {runs} "
             "padding by per-row lengths, so each row must be one segment (ids 1) followed by "
-            f"padding (0); packed rows or padding before a token need attention_impl {fix}"
+            "padding (0); packed rows or padding before a token need attention_impl 'pallas' "
+            "or 'xla'"
         )

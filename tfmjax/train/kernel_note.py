@@ -9,21 +9,30 @@ import os
 from tfmjax.config import ConfigError, ModelConfig
 from tfmjax.config.cudnn_checks import check_cudnn
 from tfmjax.kernels import choose_impl
-from tfmjax.kernels.mosaic_attention import PALLAS_GPU_DEFAULT, PALLAS_GPU_ENV
+from tfmjax.kernels.dispatch import CUDNN_FAMILIES
+from tfmjax.kernels.pallas_tuning import gpu_family
 from tfmjax.models.checks import auto_may_run_cudnn
 
-SOFTMAX_MIXERS = ("softmax", "mla")  # the self-mixers that call tfmjax.kernels.attention
+# The models whose self-attention is one call over the batch's length: softmax attention of
+# a single stack (an encoder-decoder's stacks and its cross attention have lengths of their
+# own, and MLA's latent heads are not the configured head width).
+NOTED_FAMILIES = ("decoder_only", "encoder_only")
 
 
-def attention_note(cfg: ModelConfig, length: int, backend: str) -> str:
+def attention_note(cfg: ModelConfig, length: int, platform: str, device_kind: str) -> str:
     """``"attention: ..."``: what the self-attention of a step over ``length`` positions runs
-    on ``backend`` (``jax.default_backend()``) and why; ``""`` on a CPU or for a mixer that
-    is not softmax attention (its own kernel)."""
-    if backend == "cpu" or cfg.attention not in SOFTMAX_MIXERS:
+    on ``platform`` (:func:`tfmjax.models.checks.this_platform`) of a ``device_kind`` GPU
+    or TPU, and why; ``""`` on a CPU or for a model it does not describe
+    (:data:`NOTED_FAMILIES`, softmax attention only)."""
+    if platform == "cpu" or cfg.attention != "softmax" or cfg.family not in NOTED_FAMILIES:
         return ""
-    platform = "cuda" if backend == "gpu" else backend
     impl = cfg.attention_impl
-    cudnn_ok = auto_may_run_cudnn(cfg, backend) and _cudnn_takes(cfg)
+    cudnn_ok = (
+        auto_may_run_cudnn(cfg, platform)
+        and gpu_family(device_kind) in CUDNN_FAMILIES
+        and cfg.head_width <= 128
+        and _cudnn_takes(cfg)
+    )
     choose = dict(q_len=length, kv_len=length, backend=platform)
     name = choose_impl(impl, **choose, cudnn_ok=cudnn_ok)
     if impl != "auto":
@@ -31,14 +40,18 @@ def attention_note(cfg: ModelConfig, length: int, backend: str) -> str:
     else:
         why = f"'auto' at length {length} on {platform}; tfmjax.kernels.AUTO_TABLE"
         if name != "cudnn" and choose_impl(impl, **choose, cudnn_ok=True) == "cudnn":
-            why = "cuDNN cannot take this model's masks or dtype; " + why
+            why = f"cuDNN is not taken for this model on {device_kind}; " + why
     if name == "pallas" and platform == "cuda":
+        from tfmjax.kernels.mosaic_attention import PALLAS_GPU_DEFAULT, PALLAS_GPU_ENV
+
         kernel = os.environ.get(PALLAS_GPU_ENV, PALLAS_GPU_DEFAULT)
         name += f" [{kernel} kernels: {PALLAS_GPU_ENV}={kernel}]"
     return f"attention: {name} ({why})"
 
 
 def _cudnn_takes(cfg: ModelConfig) -> bool:
+    """The masks and dtype of ``cfg`` are cuDNN's (:func:`check_cudnn`, for a single-stack
+    softmax model)."""
     try:
         check_cudnn(cfg)
     except ConfigError:

@@ -59,6 +59,7 @@ from tfmjax.compat import untested_jax
 from tfmjax.config import LOWER_IS_BETTER, Experiment
 from tfmjax.data.sources import is_text
 from tfmjax.data.user_data import unhashable_module
+from tfmjax.models.checks import this_platform
 from tfmjax.models.summary import summarize
 from tfmjax.parallel import mesh_text
 from tfmjax.parallel.processes import is_main
@@ -312,9 +313,12 @@ def _header(run: Run, params, start: int, console: Console) -> None:
     console.print(f"devices: {kinds}; " + (untested_jax() or f"jax {jax.__version__}"))
     if note := dtype_note(jax.default_backend(), exp.model.dtype):
         console.print(note)
-    widths = [run.batch(0)[key].shape[1] for key in run.model.token_keys]  # images: none
-    if widths and (note := attention_note(exp.model, max(widths), jax.default_backend())):
-        console.print(note)
+    if run.model.token_keys:  # an image model has none
+        first = run.batch(0)
+        length = max(first[key].shape[1] for key in run.model.token_keys)
+        kind = run.placement.mesh.devices.flat[0].device_kind
+        if note := attention_note(exp.model, length, this_platform(), kind):
+            console.print(note)
     if start:
         console.print(f"resumed from checkpoint step {start}")
     elif note := unhashable_module(run.source.assets().get("task_origin")):
