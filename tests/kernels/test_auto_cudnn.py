@@ -146,18 +146,19 @@ def test_other_gpus_and_wide_heads_keep_pallas():
 
 def test_the_run_header_says_what_attention_runs():
     cfg, h100 = _model().config, "NVIDIA H100 80GB HBM3"
-    assert attention_note(cfg, 1024, "cpu", "cpu") == ""
-    assert attention_note(cfg, 1024, "cuda", h100) == (
+    assert attention_note(cfg, (1024,), "cpu", "cpu") == ""
+    assert attention_note(cfg, (1024,), "cuda", h100) == (
         "attention: cudnn ('auto' at length 1024 on cuda; tfmjax.kernels.AUTO_TABLE)"
     )
-    short = attention_note(cfg, 256, "cuda", h100)
+    short = attention_note(cfg, (256,), "cuda", h100)
     assert short.startswith("attention: pallas [triton kernels: TFMJAX_PALLAS_GPU=triton]")
-    fp32 = attention_note(ModelConfig(**{**vars(cfg), "dtype": "float32"}), 1024, "cuda", h100)
+    fp32 = attention_note(ModelConfig(**{**vars(cfg), "dtype": "float32"}), (1024,), "cuda", h100)
     assert "cuDNN is not taken for this model on NVIDIA H100" in fp32
-    a100 = attention_note(cfg, 1024, "cuda", "NVIDIA A100-SXM4-80GB")
+    a100 = attention_note(cfg, (1024,), "cuda", "NVIDIA A100-SXM4-80GB")
     assert a100.startswith("attention: pallas") and "not taken" in a100
-    assert attention_note(_model("xla").config, 1024, "tpu", "TPU v5 lite") == (
+    assert attention_note(_model("xla").config, (1024,), "tpu", "TPU v5 lite") == (
         "attention: xla (model.attention_impl='xla')"
     )
     mla = ModelConfig(**{**vars(cfg), "attention": "mla"})
-    assert attention_note(mla, 1024, "cuda", h100) == ""  # not one call of the head width
+    assert attention_note(mla, (1024,), "cuda", h100) == ""  # not one call of the head width
+    assert attention_note(cfg, (1024, 1024), "cuda", h100) == ""  # two stacks, cross attention

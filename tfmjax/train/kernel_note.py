@@ -13,19 +13,17 @@ from tfmjax.kernels.dispatch import CUDNN_FAMILIES
 from tfmjax.kernels.pallas_tuning import gpu_family
 from tfmjax.models.checks import auto_may_run_cudnn
 
-# The models whose self-attention is one call over the batch's length: softmax attention of
-# a single stack (an encoder-decoder's stacks and its cross attention have lengths of their
-# own, and MLA's latent heads are not the configured head width).
-NOTED_FAMILIES = ("decoder_only", "encoder_only")
 
-
-def attention_note(cfg: ModelConfig, length: int, platform: str, device_kind: str) -> str:
-    """``"attention: ..."``: what the self-attention of a step over ``length`` positions runs
-    on ``platform`` (:func:`tfmjax.models.checks.this_platform`) of a ``device_kind`` GPU
-    or TPU, and why; ``""`` on a CPU or for a model it does not describe
-    (:data:`NOTED_FAMILIES`, softmax attention only)."""
-    if platform == "cpu" or cfg.attention != "softmax" or cfg.family not in NOTED_FAMILIES:
+def attention_note(cfg: ModelConfig, widths: tuple, platform: str, device_kind: str) -> str:
+    """``"attention: ..."``: what the self-attention of a step over a batch's token arrays of
+    ``widths`` positions runs on ``platform`` (:func:`tfmjax.models.checks.this_platform`)
+    of a ``device_kind`` GPU or TPU, and why. ``""`` on a CPU, or for a model whose
+    attention is not one softmax call over one token array (an encoder-decoder's two stacks
+    and cross attention have lengths of their own; MLA's latent heads are not the configured
+    head width)."""
+    if platform == "cpu" or cfg.attention != "softmax" or len(widths) != 1:
         return ""
+    (length,) = widths
     impl = cfg.attention_impl
     cudnn_ok = (
         auto_may_run_cudnn(cfg, platform)

@@ -315,9 +315,9 @@ def _header(run: Run, params, start: int, console: Console) -> None:
         console.print(note)
     if run.model.token_keys:  # an image model has none
         first = run.batch(0)
-        length = max(first[key].shape[1] for key in run.model.token_keys)
+        widths = tuple(first[key].shape[1] for key in run.model.token_keys)
         kind = run.placement.mesh.devices.flat[0].device_kind
-        if note := attention_note(exp.model, length, this_platform(), kind):
+        if note := attention_note(exp.model, widths, this_platform(), kind):
             console.print(note)
     if start:
         console.print(f"resumed from checkpoint step {start}")
