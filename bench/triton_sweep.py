@@ -41,7 +41,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from device import Shape, _median_seconds, _platform, _qkv, _short, _slug  # noqa: E402
+from device import (  # noqa: E402
+    Shape,
+    _median_seconds,
+    _platform,
+    _qkv,
+    _short,
+    _slug,
+    attention_shapes,
+)
 
 import tfmjax.kernels.mosaic_attention as mosaic_attention  # noqa: E402
 import tfmjax.kernels.pallas_attention as pallas_attention  # noqa: E402
@@ -126,14 +134,11 @@ def sweep_shape(shape: Shape, repeats: int, quick: bool) -> dict:
 def shapes_to_sweep(quick: bool, lengths, widths, missing: bool, family) -> list[Shape]:
     if quick:
         return [Shape(128, 64, True, B=2, N=2)]
-    wanted = [
-        (T, H, causal)
-        for T, H, causal in PRIORITY
-        if (not lengths or T in lengths) and (not widths or H in widths)
-    ]
+    grid = {(s.T, s.H, s.causal): s for s in attention_shapes(False, lengths, widths)}
+    wanted = [key for key in PRIORITY if key in grid]
     if missing:
         wanted = [w for w in wanted if (family, *w) not in pallas_tuning.TUNED]
-    return [Shape(T, H, causal, B=max(1, 16384 // T), N=2048 // H) for T, H, causal in wanted]
+    return [grid[key] for key in wanted]
 
 
 # -- recording ---------------------------------------------------------------------------

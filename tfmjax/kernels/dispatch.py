@@ -87,9 +87,18 @@ BLOCKWISE_MIN_LEN_CPU = 512
 # A dense bias always runs "xla". A row naming an implementation that cannot take the call
 # falls back: "cudnn" (outside cuda, or a mask it cannot express) to "pallas", "pallas"
 # (not importable) to the cpu row.
-# The GPU families (tfmjax.kernels.pallas_tuning.gpu_family) on which "auto" may pick cuDNN:
-# where it was measured. Elsewhere a cudnn row falls back to Pallas.
+# The GPU families (tfmjax.kernels.pallas_tuning.gpu_family) and head widths for which "auto"
+# may pick cuDNN: where it was measured (pre-Hopper cuDNN takes heads up to 128 only).
+# Elsewhere a cudnn row falls back to Pallas.
 CUDNN_FAMILIES = ("hopper",)
+CUDNN_AUTO_MAX_HEAD = 128
+
+
+def cudnn_measured_on(device_kind: str | None, head_width: int) -> bool:
+    """Whether "auto" may pick cuDNN on a GPU of ``device_kind`` for heads ``head_width``
+    wide (:data:`CUDNN_FAMILIES`, :data:`CUDNN_AUTO_MAX_HEAD`)."""
+    return gpu_family(device_kind) in CUDNN_FAMILIES and head_width <= CUDNN_AUTO_MAX_HEAD
+
 
 AUTO_TABLE: dict[str, tuple[tuple[int, str], ...]] = {
     "cpu": ((0, "xla"), (BLOCKWISE_MIN_LEN_CPU, "blockwise")),
@@ -321,8 +330,8 @@ def _cudnn_ok(q, k, kw) -> bool:
         return False
     if not (_is_int(kw["q_offset"]) and kw["q_offset"] == 0):
         return False
-    if gpu_family(lowering_gpu_kind()) not in CUDNN_FAMILIES or q.shape[-1] > 128:
-        return False  # measured on Hopper at H <= 128 only (pre-Hopper cuDNN: H <= 128)
+    if not cudnn_measured_on(lowering_gpu_kind(), q.shape[-1]):
+        return False
     cudnn = importlib.import_module(_MODULES["cudnn"])
     options = ("causal", "window", "stride", "global_tokens", "random_blocks")
     options += ("alibi_slopes", "bias")

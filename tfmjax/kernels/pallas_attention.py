@@ -380,12 +380,13 @@ def _attention(
                 scale=float(scale),
                 q_offset=int(q_offset),
             )
-    blocks = block_sizes or BlockSizes.for_platform(platform, q.shape[-1])
+    if platform == "cuda" and block_sizes is None:  # the measured row, else the defaults
+        T, S, H = q.shape[1], k.shape[1], q.shape[-1]
+        blocks, tuned, _ = triton_settings(T, S, H, bool(causal), lowering_gpu_kind())
+        launch = launch or tuned
+    else:
+        blocks = block_sizes or BlockSizes.for_platform(platform, q.shape[-1])
     if platform == "cuda":
-        if block_sizes is None:
-            T, S, H = q.shape[1], k.shape[1], q.shape[-1]
-            blocks, tuned, _ = triton_settings(T, S, H, bool(causal), lowering_gpu_kind())
-            launch = launch or tuned
         _check_triton_blocks(blocks)
     static_offset = _static_offset(q_offset)
     return _kernels(

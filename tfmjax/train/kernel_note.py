@@ -9,8 +9,7 @@ import os
 from tfmjax.config import ConfigError, ModelConfig
 from tfmjax.config.cudnn_checks import check_cudnn
 from tfmjax.kernels import choose_impl
-from tfmjax.kernels.dispatch import CUDNN_FAMILIES
-from tfmjax.kernels.pallas_tuning import gpu_family
+from tfmjax.kernels.dispatch import cudnn_measured_on
 from tfmjax.models.checks import auto_may_run_cudnn
 
 
@@ -27,8 +26,7 @@ def attention_note(cfg: ModelConfig, widths: tuple, platform: str, device_kind: 
     impl = cfg.attention_impl
     cudnn_ok = (
         auto_may_run_cudnn(cfg, platform)
-        and gpu_family(device_kind) in CUDNN_FAMILIES
-        and cfg.head_width <= 128
+        and cudnn_measured_on(device_kind, cfg.head_width)
         and _cudnn_takes(cfg)
     )
     choose = dict(q_len=length, kv_len=length, backend=platform)

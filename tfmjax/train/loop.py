@@ -313,11 +313,12 @@ def _header(run: Run, params, start: int, console: Console) -> None:
     console.print(f"devices: {kinds}; " + (untested_jax() or f"jax {jax.__version__}"))
     if note := dtype_note(jax.default_backend(), exp.model.dtype):
         console.print(note)
-    if run.model.token_keys:  # an image model has none
+    platform = this_platform()
+    if platform != "cpu" and run.model.token_keys:  # no batch built for it on a CPU
         first = run.batch(0)
         widths = tuple(first[key].shape[1] for key in run.model.token_keys)
         kind = run.placement.mesh.devices.flat[0].device_kind
-        if note := attention_note(exp.model, widths, this_platform(), kind):
+        if note := attention_note(exp.model, widths, platform, kind):
             console.print(note)
     if start:
         console.print(f"resumed from checkpoint step {start}")
