@@ -19,7 +19,10 @@ recorded with its one-line reason and the run goes on):
 
 ``--mosaic-tiles`` adds a row per tile setting of the Hopper kernels (:data:`MOSAIC_TILES`:
 streamed block of the forward, dQ and dK/dV kernels and the ring's slots, called directly,
-not through the dispatch), the same-run search for their defaults.
+not through the dispatch), the same-run search for their defaults, and rows
+``mosaic-pingpong=...`` of the first two settings with the forward's compute warpgroups taking
+turns on the tensor cores (FlashAttention-3's ping-pong schedule; off by default until such a
+row beats its ``mosaic-tiles`` twin).
 
 Shapes are ``bench/device.py``'s (bf16, B*T = 16384 tokens, N*H = 2048; FlashAttention-2's FLOP
 count: 4*B*N*T*S*H forward, halved when causal, forward+backward 3.5x). Each cell is the
@@ -68,6 +71,20 @@ MOSAIC_TILES = [(128, 64, 64, 2), (64, 64, 64, 3), (64, 64, 64, 4), (128, 128, 1
                 (128, 128, 64, 2), (64, 64, 128, 2)]  # fmt: skip
 
 
+def mosaic_tile_rows() -> list[str]:
+    """The ``--mosaic-tiles`` rows: each of :data:`MOSAIC_TILES`, then the first two again with
+    the ping-pong schedule."""
+    names = ["-".join(map(str, tiles)) for tiles in MOSAIC_TILES]
+    return [f"mosaic-tiles={n}" for n in names] + [f"mosaic-pingpong={n}" for n in names[:2]]
+
+
+def mosaic_row_options(row: str) -> dict:
+    """``{"tiles", "pingpong"}`` of ``mosaic_attention.attention`` for a ``--mosaic-tiles`` row."""
+    kind, setting = row.split("=")
+    tiles = tuple(int(x) for x in setting.split("-"))
+    return {"tiles": tiles, "pingpong": kind == "mosaic-pingpong"}
+
+
 @contextlib.contextmanager
 def _pallas_gpu(kernel: str):
     """``TFMJAX_PALLAS_GPU=kernel`` while a function is traced (where the choice is read)."""
@@ -88,11 +105,11 @@ def _jax_forward(row: str, shape: Shape):
     if row in ("tfmjax-triton", "tfmjax-mosaic", "cudnn"):
         impl = "cudnn" if row == "cudnn" else "pallas"
         return lambda q, k, v: attention(q, k, v, causal=shape.causal, impl=impl, scale=scale)
-    if row.startswith("mosaic-tiles="):
-        tiles = tuple(int(x) for x in row.split("=")[1].split("-"))
+    if row.startswith(("mosaic-tiles=", "mosaic-pingpong=")):
+        options = mosaic_row_options(row)
         interpret = _platform() == "cpu"
         return lambda q, k, v: mosaic_attention.attention(
-            q, k, v, causal=shape.causal, scale=scale, tiles=tiles, interpret=interpret
+            q, k, v, causal=shape.causal, scale=scale, interpret=interpret, **options
         )
     if row == "jax-triton":
         from jax.experimental.pallas.ops.gpu import attention as jax_attention
@@ -219,7 +236,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mosaic-tiles", action="store_true", help="a row per MOSAIC_TILES")
     args = parser.parse_args(argv)
     if args.mosaic_tiles:
-        args.rows += ["mosaic-tiles=" + "-".join(map(str, tiles)) for tiles in MOSAIC_TILES]
+        args.rows += mosaic_tile_rows()
     repeats = args.repeats or (1 if args.quick else 5)
     shapes = attention_shapes(args.quick, args.lengths or ((128,) if args.quick else None),
                               args.widths)  # fmt: skip

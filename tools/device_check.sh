@@ -109,7 +109,7 @@ if wanted attention-peers; then  # 6 shapes x 6 rows, each compiled twice (fwd, 
         tee -a "$OUT/sections.log"
     echo "== attention-peers exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$OUT/sections.log"
 fi
-if wanted mosaic-tiles; then  # 4 shapes x 7 rows (cuDNN and 6 tile settings)
+if wanted mosaic-tiles; then  # 4 shapes x 9 rows (cuDNN, 6 tile settings, 2 ping-pong)
     echo "== mosaic-tiles $(date -u +%T)" | tee -a "$OUT/sections.log"
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 python3 bench/attention_peers.py \
         --widths 128 --lengths 4096 16384 --rows cudnn --mosaic-tiles --repeats 3 \

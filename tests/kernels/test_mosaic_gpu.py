@@ -87,6 +87,32 @@ def test_other_tiles_give_the_same_numbers(name):
     _assert_matches_reference(*CASES["causal_gqa_offset_padded"], tiles=TILES[name])
 
 
+@pytest.mark.parametrize(
+    "name", ["causal_gqa_offset_padded", "segments_causal_mqa_h32", "causal_keys_beyond_queries"]
+)
+def test_pingpong_forward_equals_the_free_schedule_bit_for_bit(name):
+    """The ping-pong schedule only orders the two compute warpgroups' matrix multiplies: the
+    same sums in the same order, so the same bits (and no hang: both take every turn). The
+    backward does not use it."""
+    B, T, S, N, K, H, causal, segments, offset = CASES[name]
+    (q, k, v), (q_seg, kv_seg), _ = _inputs(B, T, S, N, K, H, segments)
+    outs = [
+        mosaic_attention.attention(
+            q, k, v, q_seg, kv_seg, causal=causal, scale=H**-0.5, q_offset=offset,
+            interpret=True, pingpong=pingpong,
+        )
+        for pingpong in (False, True)
+    ]  # fmt: skip
+    free, pingpong = (np.asarray(o.astype(jnp.float32)) for o in outs)
+    np.testing.assert_array_equal(pingpong, free)
+    ref = reference.attention(
+        *(x.astype(jnp.float32) for x in (q, k, v)), causal=causal, scale=H**-0.5,
+        q_segment_ids=q_seg, kv_segment_ids=kv_seg, window=None, alibi_slopes=None,
+        bias=None, q_offset=offset,
+    )  # fmt: skip
+    np.testing.assert_allclose(pingpong, np.asarray(ref), atol=OUT_ATOL)
+
+
 def test_tiles_a_kernel_cannot_take_are_refused():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"blocks in \(64, 128\) and stages in \(2, 3, 4\)"):
@@ -207,17 +233,20 @@ def test_every_tile_setting_the_bench_tries_fits_at_head_width_128():
     a Hopper SM's shared memory (checked by the lowering), so no device time is spent on one
     that cannot run."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from attention_peers import MOSAIC_TILES
+    from attention_peers import MOSAIC_TILES, mosaic_row_options, mosaic_tile_rows
 
+    settings = [mosaic_row_options(row) for row in mosaic_tile_rows()]
+    assert [s["tiles"] for s in settings if not s["pingpong"]] == MOSAIC_TILES
+    assert [s["tiles"] for s in settings if s["pingpong"]] == MOSAIC_TILES[:2]
     q, k, v = _qkv(H=128)
-    for tiles in MOSAIC_TILES:
+    for options in settings:
 
-        def loss(q, k, v, tiles=tiles):
-            out = mosaic_attention.attention(q, k, v, causal=True, scale=0.1, tiles=tiles)
+        def loss(q, k, v, options=options):
+            out = mosaic_attention.attention(q, k, v, causal=True, scale=0.1, **options)
             return jnp.sum(out.astype(jnp.float32))
 
         got = _calls(_exported_for_cuda(jax.grad(loss, (0, 1, 2)), q, k, v))
-        assert got == {"mosaic": 3, "triton": 0}, tiles
+        assert got == {"mosaic": 3, "triton": 0}, options
 
 
 def test_runtimes_whose_ptxas_miscompiles_go_to_triton(monkeypatch):

@@ -18,10 +18,19 @@ wider heads -- runs the Triton kernel (:mod:`tfmjax.kernels.pallas_attention` ap
 rule). Inputs are read in place, ``[B,T,N,H]`` (TMA copies strided tiles): nothing is
 transposed; ``T`` and ``S`` are padded to whole CTAs only when they are not multiples.
 
+``pingpong=True`` adds FlashAttention-3's ping-pong schedule to the forward: its two compute
+warpgroups take turns on the tensor cores at a shared barrier, so one's softmax runs while the
+other's matrix multiplies do (jax's ``attention_mgpu.py`` schedules so too). It changes the
+order of nothing but the warpgroups' issues, so the bits are the same; it stays off until a GPU
+measures it against the free schedule (``bench/attention_peers.py --mosaic-tiles``).
+
 On a CPU the same kernels run in Pallas's GPU interpreter (``interpret=True``: slow, for
 tests), and lowering for ``cuda`` from a CPU host builds the real Mosaic GPU module (what
-``tests/kernels/test_mosaic_gpu.py`` checks without a GPU). jax 0.10 has no GPU interpreter;
-:func:`available` says whether this jax can build the kernels at all.
+``tests/kernels/test_mosaic_gpu.py`` checks without a GPU). The interpreter runs each
+warpgroup as a thread that blocks in XLA:CPU callbacks: with XLA:CPU's single default device
+on a 2-core host it can hang (seen with segment ids); the tests run with 8 host devices
+(``tests/conftest.py``), where it does not. jax 0.10 has no GPU interpreter; :func:`available`
+says whether this jax can build the kernels at all.
 """
 
 from __future__ import annotations
@@ -184,6 +193,7 @@ def _forward(st, q, k, v, q_seg, kv_seg):
         _smem((WGS, ROWS), f32),
         _smem((WGS, ROWS), i32) if st.has_seg else None,
         plgpu.Barrier(num_barriers=2 * WGS),
+        plgpu.Barrier(num_arrivals=WGS) if st.pingpong else None,  # the compute turns
     )
     rings = [_smem((st.stages, bk, Hp), q.dtype, tiled=True)] * 2
     if st.has_seg:
@@ -289,7 +299,7 @@ TILE_STAGES = (2, 3, 4)
 
 @functools.partial(
     jax.jit,
-    static_argnames=("causal", "scale", "q_offset", "interpret", "tiles"),
+    static_argnames=("causal", "scale", "q_offset", "interpret", "tiles", "pingpong"),
 )
 def attention(
     q,
@@ -303,13 +313,16 @@ def attention(
     q_offset: int = 0,
     interpret: bool = False,
     tiles: tuple[int, int, int, int] | None = None,
+    pingpong: bool = False,
 ):
     """``q [B,T,N,H]``, ``k, v [B,S,K,H]`` (float16/bfloat16, ``H <= 128``, K divides N) ->
     ``[B,T,N,H]``: causal or full attention with optional segment ids ``[B,T]``/``[B,S]``
     (the rule of :func:`tfmjax.kernels.masks.allowed`), queries at positions
     ``q_offset + t``. ``interpret``: run in Pallas's GPU interpreter (on a CPU).
     ``tiles``: ``(block_k, block_k_dq, block_q_dkv, stages)``, each block in
-    :data:`TILE_BLOCKS`, ``stages`` in :data:`TILE_STAGES` (None: the defaults)."""
+    :data:`TILE_BLOCKS`, ``stages`` in :data:`TILE_STAGES` (None: the defaults).
+    ``pingpong``: the forward's two compute warpgroups take turns on the tensor cores
+    (FlashAttention-3's schedule; off until a GPU measures it against the free one)."""
     from tfmjax.kernels.mosaic_kernels import MosaicStatic
 
     B, T, N, H = q.shape
@@ -321,6 +334,7 @@ def attention(
         offset=int(q_offset),
         has_seg=q_segment_ids is not None,
         groups=N // K,
+        pingpong=bool(pingpong),
         interpret=interpret,
         **_tile_fields(tiles),
     )

@@ -2,7 +2,7 @@
 
 Every kernel is warp specialised: a CTA holds ``WGS = 2`` compute warpgroups of 64 rows each
 and one memory warpgroup that streams tiles from global into shared memory with bulk (TMA)
-copies, through a ring of ``stages`` slots (:func:`produce` / :func:`consume`). The compute
+copies, through a ring of ``stages`` slots (:mod:`tfmjax.kernels.mosaic_pipeline`). The compute
 warpgroups multiply with ``wgmma`` from shared memory (or registers, for ``P`` and ``dS``)
 into float32 accumulators.
 
@@ -33,6 +33,7 @@ plus an add, and ``P V``, ``dS K`` and their kin a ``dot`` of the loaded tile: t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -43,6 +44,14 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tfmjax.kernels.block_geometry import MASK_VALUE, ROW_MAX_INIT
 from tfmjax.kernels.masks import allowed
+from tfmjax.kernels.mosaic_pipeline import (
+    Stream,
+    produce,
+    release,
+    slot_of,
+    take_turns,
+    wait_full,
+)
 
 WGS = 2  # compute warpgroups per CTA
 ROWS = 64  # rows of one compute warpgroup (a wgmma's M)
@@ -65,6 +74,7 @@ class MosaicStatic:
     block_k_dq: int = 64
     block_q_dkv: int = 64
     stages: int = 2
+    pingpong: bool = False
     interpret: bool = False
 
     @property
@@ -82,17 +92,22 @@ def tile_transforms():
 # Pieces shared by the three kernels.
 
 
-def mma(st: MosaicStatic, a, b, shape=None, acc=None):
+def mma(st: MosaicStatic, a, b, shape=None, acc=None, issued=None):
     """``a @ b`` (plus ``acc``) in float32 with one ``wgmma``; ``a`` a shared-memory ref or
-    registers, ``b`` a shared-memory ref (``.transpose((1, 0))`` for ``B^T``)."""
+    registers, ``b`` a shared-memory ref (``.transpose((1, 0))`` for ``B^T``). ``issued``:
+    called once a fresh product's ``wgmma`` is issued, before its result is awaited."""
 
     if st.interpret and isinstance(a, jax.Array):  # the interpreter's wgmma reads refs only
         product = lax.dot(a, b[...], preferred_element_type=jnp.float32)
+        if acc is None and issued is not None:
+            issued()
         return product if acc is None else acc + product
     if acc is None:
 
         def fresh(acc_ref):
             plgpu.wgmma(acc_ref, a, b)
+            if issued is not None:
+                issued()
             return acc_ref[...]
 
         return pl.run_scoped(fresh, plgpu.ACC(shape, jnp.float32))
@@ -124,57 +139,6 @@ def positions(shape, row_start, col_start):
     rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
     cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
     return rows + row_start, cols + col_start
-
-
-@dataclasses.dataclass(frozen=True)
-class Stream:
-    """One streamed tile: ``source(step)`` is its global-memory slice at a step, ``ring`` the
-    shared-memory slots, ``full`` (TMA done) and ``consumed`` (both compute warpgroups done)
-    one barrier per slot."""
-
-    source: object
-    ring: object
-    full: object
-    consumed: object
-
-
-def produce(streams, steps, stages: int, max_steps: int):
-    """The memory warpgroup: copy every stream's tile of steps ``0 .. steps - 1`` (at most
-    ``max_steps``, static) into slot ``step % stages``, waiting for the slot's previous tile
-    to be consumed."""
-
-    def issue(step, slot, wait):
-        for s in streams:
-            if wait:
-                plgpu.barrier_wait(s.consumed.at[slot])
-            plgpu.copy_gmem_to_smem(s.source(step), s.ring.at[slot], s.full.at[slot])
-
-    for step in range(min(stages, max_steps)):
-        pl.when(step < steps)(lambda step=step: issue(step, step, wait=False))
-
-    @pl.loop(stages, steps)
-    def _(step):
-        issue(step, lax.rem(step, stages), wait=True)
-
-    # Observe the last tiles' consumption too, so every barrier phase is seen before the
-    # ring is freed (the interpreter checks it; on a GPU the warpgroup is idle by then).
-    @pl.loop(jnp.maximum(steps - stages, 0), steps)
-    def _(step):
-        for s in streams:
-            plgpu.barrier_wait(s.consumed.at[lax.rem(step, stages)])
-
-
-def slot_of(step, stages: int):
-    return lax.rem(step, jnp.asarray(stages, step.dtype))
-
-
-def wait_full(stream: Stream, slot):
-    plgpu.barrier_wait(stream.full.at[slot])
-    return stream.ring.at[slot]
-
-
-def release(stream: Stream, slot):
-    plgpu.barrier_arrive(stream.consumed.at[slot])
 
 
 def _broadcast_segments(q_seg, kv_seg, shape):
@@ -292,7 +256,8 @@ def fwd_kernel(*refs, st: MosaicStatic):
     )
     bk, Hp, dtype = st.block_k, q_ref.shape[-1], q_ref.dtype
     (b, n, wg, row0), (hi, full), streams = _query_side(st, k_ref, v_ref, kv_seg_ref, bk, scratch)
-    qo_smem, lse_smem, qseg_smem, q_bar = scratch[0]
+    qo_smem, lse_smem, qseg_smem, q_bar, schedule = scratch[0]
+    turn = functools.partial(take_turns, schedule) if st.pingpong else None
 
     @pl.when(wg < WGS)
     def _compute():
@@ -304,12 +269,14 @@ def fwd_kernel(*refs, st: MosaicStatic):
             loads.append((q_seg_ref.at[b, pl.ds(rows, ROWS)], qseg_smem.at[wg]))
         _load_tiles(loads, q_bar, wg)
         q_seg = _load_vector(qseg_smem.at[wg], _ROW) if st.has_seg else None
+        if turn:
+            pl.when(wg == 1)(turn)
 
         def step(j, carry, masked):
             m, l, acc = carry
             slot = slot_of(j, st.stages)
-            s = mma(st, q_smem, wait_full(streams[0], slot).transpose((1, 0)), (ROWS, bk))
-            s = s * st.score_scale
+            k_t = wait_full(streams[0], slot).transpose((1, 0))
+            s = mma(st, q_smem, k_t, (ROWS, bk), issued=turn) * st.score_scale
             release(streams[0], slot)
             if masked:
                 s = _mask_query_block(st, s, streams, slot, rows, j, bk, q_seg)
@@ -318,7 +285,12 @@ def fwd_kernel(*refs, st: MosaicStatic):
             p = jnp.exp2(s - row_vector(m_new, s.shape))
             l = l * alpha + p.sum(axis=1)
             acc = acc * row_vector(alpha, acc.shape)
-            acc = mma(st, p.astype(dtype), wait_full(streams[1], slot), acc=acc)
+            if turn:  # done with the softmax: wait for V and for the tensor cores
+                plgpu.barrier_arrive(schedule)
+            v_smem = wait_full(streams[1], slot)
+            if turn:
+                plgpu.barrier_wait(schedule)
+            acc = mma(st, p.astype(dtype), v_smem, acc=acc)
             release(streams[1], slot)
             return m_new, l, acc
 
@@ -327,6 +299,8 @@ def fwd_kernel(*refs, st: MosaicStatic):
         carry = (m, l, zeros((ROWS, Hp)))
         carry = lax.fori_loop(0, full, lambda j, c: step(j, c, masked=False), carry)
         m, l, acc = lax.fori_loop(full, hi, lambda j, c: step(j, c, masked=True), carry)
+        if turn:
+            pl.when(wg == 0)(turn)
         seen = l > 0
         l_safe = jnp.where(seen, l, 1.0)
         q_smem[...] = (acc / row_vector(l_safe, acc.shape)).astype(dtype)
