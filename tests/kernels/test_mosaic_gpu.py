@@ -204,8 +204,12 @@ def test_cuda_lowering_builds_mosaic_gpu_kernels_forward_and_backward(monkeypatc
     assert _calls(_exported_for_cuda(grad, q, k, v)) == {"mosaic": 3, "triton": 0}
 
 
-@pytest.mark.parametrize("name", [*CASES, "fp16_segments_h128"])
-def test_every_case_lowers_for_cuda(name):
+@pytest.mark.parametrize(
+    "name,pingpong",
+    [*((n, False) for n in [*CASES, "fp16_segments_h128"])]
+    + [("segments_causal_mqa_h32", True), ("causal_gqa_offset_padded", True)],
+)
+def test_every_case_lowers_for_cuda(name, pingpong):
     """The GPU path itself (not the interpreter's), forward and gradient, for each case:
     jax's Mosaic GPU lowering checks layouts, register-operand matmuls, TMA sizes and the
     227 KiB of shared memory. What it cannot check (ptxas, registers, hangs) needs a GPU."""
@@ -218,8 +222,9 @@ def test_every_case_lowers_for_cuda(name):
 
     def loss(q, k, v):
         out = mosaic_attention.attention(
-            q, k, v, q_seg, kv_seg, causal=causal, scale=H**-0.5, q_offset=offset
-        )
+            q, k, v, q_seg, kv_seg, causal=causal, scale=H**-0.5, q_offset=offset,
+            pingpong=pingpong,
+        )  # fmt: skip
         return jnp.sum(out.astype(jnp.float32))
 
     assert _calls(_exported_for_cuda(jax.grad(loss, (0, 1, 2)), *qkv)) == {

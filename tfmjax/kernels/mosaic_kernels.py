@@ -299,12 +299,14 @@ def fwd_kernel(*refs, st: MosaicStatic):
             p = jnp.exp2(s - row_vector(m_new, s.shape))
             l = l * alpha + p.sum(axis=1)
             acc = acc * row_vector(alpha, acc.shape)
-            if turn:  # done with the softmax: wait for V and for the tensor cores
+            p16 = p.astype(dtype)
+            if turn:  # done with the softmax (kept before the turn): wait for V, tensor cores
+                m_new, l, acc, p16 = lax.optimization_barrier((m_new, l, acc, p16))
                 plgpu.barrier_arrive(schedule)
             v_smem = wait_full(streams[1], slot)
             if turn:
                 plgpu.barrier_wait(schedule)
-            acc = mma(st, p.astype(dtype), v_smem, acc=acc)
+            acc = mma(st, p16, v_smem, acc=acc)
             release(streams[1], slot)
             return m_new, l, acc
 
