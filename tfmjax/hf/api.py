@@ -3,7 +3,8 @@
 ``directory`` holds ``config.json`` and ``model.safetensors`` (what ``save_pretrained``
 writes), and maybe ``generation_config.json``, whose ``eos_token_id`` wins over config.json's.
 Token ids come from the checkpoint: ``model.pad_id`` is ``pad_token_id`` (None where the model
-has none, as GPT-2 and Llama: padding then comes from explicit lengths or segment ids),
+has none, as GPT-2 and Llama, or where it is also the BOS or an EOS: padding then comes from
+explicit lengths or segment ids),
 ``model.eos_id`` the (first) ``eos_token_id``, and an imported model continues exactly the
 ids it is given (``model.prompt_bos = false``), as transformers does.
 
@@ -84,7 +85,7 @@ def config_from_hf(raw: dict, **overrides) -> ModelConfig:
         cfg = arch.config_from_hf(fields)
         cfg = dataclasses.replace(
             cfg,
-            pad_id=fields.token_id("pad_token_id", cfg.vocab_size, None),
+            pad_id=padding_id(fields, raw, cfg.vocab_size),
             eos_id=fields.token_id("eos_token_id", cfg.vocab_size, None),
             prompt_bos=False,
         )
@@ -92,6 +93,18 @@ def config_from_hf(raw: dict, **overrides) -> ModelConfig:
         raise HFError(f"config.json maps to an invalid tfmjax config: {err}") from None
     fields.finish()
     return dataclasses.replace(cfg, **overrides)
+
+
+def padding_id(fields: Fields, raw: dict, vocab_size: int) -> int | None:
+    """``model.pad_id`` of a checkpoint: its ``pad_token_id``, but None when that id is also
+    its BOS or an EOS (the usual ``pad_token_id = eos_token_id`` of a fine-tuned GPT-2 or
+    Llama). Such an id is a token in text (a document separator, the BOS a prompt starts
+    with) that transformers attends to, as its attention mask comes from lengths, not ids;
+    read as padding, it would be masked out of every row that holds it."""
+    pad = fields.token_id("pad_token_id", vocab_size, None)
+    eos = raw.get("eos_token_id")
+    text_ids = {raw.get("bos_token_id"), *(eos if isinstance(eos, list) else [eos])}
+    return None if pad in text_ids else pad
 
 
 def abstract_params(cfg: ModelConfig) -> dict:
