@@ -78,6 +78,10 @@ BAD = [
     ({"model": {"eos_id": -1}}, r"model.eos_id=-1 is invalid: must be a token id"),
     ({"model": {"pad_id": "0"}}, "model.pad_id='0' is invalid: must be int or none"),
     (
+        {"model": {"pad_id": 2, "eos_id": 2}},
+        r"model.pad_id=2 is invalid: must differ from model.eos_id=2: .* model.pad_id = none",
+    ),
+    (
         {"model": {"family": "decoder_only", "num_decoder_layers": 2}},
         "only encoder_decoder models have a separate decoder",
     ),

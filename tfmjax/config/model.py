@@ -429,6 +429,14 @@ class ModelConfig(DerivedSizes):
                 value,
                 f"must be a token id in [0, model.vocab_size={self.vocab_size}) or none",
             )
+        require(
+            self.pad_id is None or self.pad_id != self.eos_id,
+            "model.pad_id",
+            self.pad_id,
+            f"must differ from model.eos_id={self.eos_id}: ids equal to the pad id are read as "
+            "padding, so every EOS would be masked; give EOS an id of its own, or set "
+            "model.pad_id = none (no padding id: padding from lengths or segment ids)",
+        )
         if self.family != "encoder_decoder":
             require(
                 self.num_decoder_layers is None,
